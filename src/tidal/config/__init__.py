@@ -1,0 +1,50 @@
+"""The run configuration: one section per component, loaded from TOML with dotted CLI overrides.
+
+    cfg = load_config("recipe.toml", ["--trainer.lr", "1e-6"])
+
+Each component owns its section's class and defaults (tidal/<component>/config.py); this module
+only assembles them and checks the fields that span sections.
+"""
+
+from __future__ import annotations
+
+from pydantic import model_validator
+
+from tidal.config.base import Section
+from tidal.config.loader import ConfigError, load_config, parse_overrides
+from tidal.engine.config import EngineConfig
+from tidal.model.config import ModelConfig
+from tidal.orchestrator.config import OrchestratorConfig
+from tidal.pretrain.config import PretrainConfig
+from tidal.tasks.config import EnvConfig
+from tidal.trainer.config import TrainerConfig
+
+
+class TidalConfig(Section):
+    model: ModelConfig = ModelConfig()
+    engine: EngineConfig = EngineConfig()
+    env: EnvConfig = EnvConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    pretrain: PretrainConfig = PretrainConfig()
+    orchestrator: OrchestratorConfig = OrchestratorConfig()
+
+    @model_validator(mode="after")
+    def _check_cross_section(self) -> "TidalConfig":
+        if self.engine.max_seq_len > self.model.max_position_embeddings:
+            raise ValueError(
+                f"engine.max_seq_len ({self.engine.max_seq_len}) exceeds "
+                f"model.max_position_embeddings ({self.model.max_position_embeddings})"
+            )
+        if self.pretrain.seq_len > self.model.max_position_embeddings:
+            raise ValueError(
+                f"pretrain.seq_len ({self.pretrain.seq_len}) exceeds "
+                f"model.max_position_embeddings ({self.model.max_position_embeddings})"
+            )
+        if self.env.min_level > self.env.max_level:
+            raise ValueError(
+                f"env.min_level ({self.env.min_level}) exceeds env.max_level ({self.env.max_level})"
+            )
+        return self
+
+
+__all__ = ["ConfigError", "TidalConfig", "load_config", "parse_overrides"]

@@ -1,0 +1,97 @@
+"""TOML + dotted command-line overrides -> a validated TidalConfig, or one clear ConfigError."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from tidal.config import TidalConfig
+
+
+class ConfigError(ValueError):
+    """A config the user wrote is wrong; the message names the key and what to fix."""
+
+
+def parse_value(text: str) -> Any:
+    """Parse an override value the way TOML would (numbers, booleans, lists); else a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        pass
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """``["--trainer.lr", "1e-6", "--engine.top_p=0.9"]`` -> ``{"trainer.lr": 1e-6, ...}``."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or len(arg) == 2:
+            raise ConfigError(f"expected an override like --section.key VALUE, got {arg!r}")
+        key = arg[2:]
+        if "=" in key:
+            key, value = key.split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise ConfigError(f"override --{key} needs a value")
+            value = args[i + 1]
+            i += 2
+        if "." not in key:
+            raise ConfigError(f"override --{key} must name a section and a key, like --trainer.lr")
+        out[key] = parse_value(value)
+    return out
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    node = tree
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"cannot override {dotted!r}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _explain(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(config)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"unknown config key '{where}': remove it or check its spelling")
+        else:
+            lines.append(f"{where}: {e['msg']}")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | dict | None = None) -> "TidalConfig":
+    """Read TOML (or the default recipe if ``path`` is None), apply overrides, validate."""
+    from tidal.config import TidalConfig
+
+    tree: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            tree = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
+    if isinstance(overrides, list):
+        overrides = parse_overrides(overrides)
+    for key, value in (overrides or {}).items():
+        _set_dotted(tree, key, value)
+    try:
+        return TidalConfig.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(_explain(e)) from None

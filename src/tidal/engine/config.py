@@ -1,0 +1,31 @@
+"""Inference engine: batching limits and the sampler."""
+
+from pydantic import Field, model_validator
+
+from tidal.config.base import Section
+
+
+class EngineConfig(Section):
+    max_batch_size: int = Field(128, ge=1)
+    """Sequences decoded together (KV-cache slots). Requests beyond it wait in a queue."""
+    max_seq_len: int = Field(256, ge=8)
+    """Longest prompt + completion in tokens a slot can hold."""
+    temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature; 0 = greedy. Logprobs are of the distribution actually sampled."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass (1.0 = off)."""
+    max_new_tokens: int = Field(48, ge=1)
+    """Completion length cap per request, in tokens."""
+    stop: list[str] = ["\n\n"]
+    """Stop strings: generation ends once the decoded completion contains one (kept in output)."""
+    seed: int = 0
+    """Seed of the sampler's random generator."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "EngineConfig":
+        if self.max_new_tokens >= self.max_seq_len:
+            raise ValueError(
+                f"engine.max_new_tokens ({self.max_new_tokens}) must be below "
+                f"engine.max_seq_len ({self.max_seq_len}) to leave room for the prompt"
+            )
+        return self

@@ -1,0 +1,26 @@
+"""The RL loop: how many steps, how many tasks and samples per step, when to evaluate."""
+
+from pydantic import Field
+
+from tidal.config.base import Section
+
+
+class OrchestratorConfig(Section):
+    seed: int = 0
+    """Seed for task sampling, model init and sampling."""
+    steps: int = Field(120, ge=0)
+    """RL trainer steps."""
+    time_budget_s: float = Field(420.0, gt=0)
+    """Wall-clock budget for the RL phase, seconds (stops early, still evaluates)."""
+    tasks_per_step: int = Field(8, ge=1)
+    """Distinct tasks per trainer step."""
+    group_size: int = Field(8, ge=2)
+    """GRPO samples per task (G)."""
+    heldout_tasks: int = Field(256, ge=1)
+    """Held-out tasks for pass@1 before and after RL (and at intervals)."""
+    eval_every: int = Field(40, ge=0)
+    """Measure held-out pass@1 every this many steps (0 = only before and after)."""
+    checkpoint_every: int = Field(50, ge=0)
+    """Save a resumable checkpoint every this many steps (0 = only at the end)."""
+    max_staleness: int = Field(0, ge=0)
+    """Largest trainer-version minus rollout-version allowed in a trained batch (0 = synchronous)."""

@@ -1,0 +1,20 @@
+"""The environment: which task family, its difficulty, and how code is run."""
+
+from pydantic import Field
+
+from tidal.config.base import Section
+from tidal.sandbox.config import SandboxConfig
+
+
+class EnvConfig(Section):
+    name: str = "funcs"
+    """Task family name (registered in tidal.tasks)."""
+    min_level: int = Field(1, ge=1)
+    """Easiest difficulty level sampled for training tasks."""
+    max_level: int = Field(3, ge=1)
+    """Hardest difficulty level sampled for training (and held-out) tasks."""
+    heldout_buckets: int = Field(10, ge=2)
+    """1 in this many task specs (by a hash of the spec) is held out; never seen in training."""
+    num_tests: int = Field(6, ge=1)
+    """Hidden test cases per task."""
+    sandbox: SandboxConfig = SandboxConfig()
