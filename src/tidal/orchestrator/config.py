@@ -18,6 +18,10 @@ class OrchestratorConfig(Section):
     """GRPO samples per task (G)."""
     heldout_tasks: int = Field(256, ge=1)
     """Held-out tasks for pass@1 before and after RL (and at intervals)."""
+    heldout_seed: int = 20261130
+    """Seed of the held-out task set (fixed, so runs with different seeds compare on one set)."""
+    eval_samples_per_task: int = Field(2, ge=1)
+    """Samples per held-out task; pass@1 is their mean (lower variance than one sample)."""
     eval_every: int = Field(40, ge=0)
     """Measure held-out pass@1 every this many steps (0 = only before and after)."""
     checkpoint_every: int = Field(50, ge=0)

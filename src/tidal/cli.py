@@ -1,0 +1,180 @@
+"""`tidal` command line: train, pretrain, eval, bench.
+
+Config overrides are dotted flags after the known ones: ``tidal train --trainer.lr 1e-6``.
+User errors (a bad config, a missing or corrupt checkpoint) print one clear line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def _user_errors():
+    from tidal.config import ConfigError
+
+    errors: list[type[Exception]] = [ConfigError]
+    try:
+        from tidal.model import CheckpointError
+
+        errors.append(CheckpointError)
+    except ImportError:
+        pass
+    try:
+        from tidal.trainer.checkpoint import TrainerCheckpointError
+
+        errors.append(TrainerCheckpointError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def _load(args, rest):
+    from tidal.config import load_config
+
+    return load_config(args.config, rest)
+
+
+def _print_config(cfg) -> None:
+    from tidal.config.dump import to_toml
+
+    print(to_toml(cfg.model_dump(mode="json")))
+
+
+def cmd_train(args, rest) -> int:
+    cfg = _load(args, rest)
+    if args.dry_run:
+        _print_config(cfg)
+        return 0
+    from tidal.orchestrator.loop import run_rl, write_summary
+    from tidal.orchestrator.report import print_summary
+    from tidal.pretrain.cache import cached_pretrained
+    from tidal.telemetry.plots import plot_run
+
+    run_dir = Path(args.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(_config_toml(cfg))
+    t0 = time.perf_counter()
+    init = cfg.model.init_from or cached_pretrained(cfg)
+    pretrain_s = time.perf_counter() - t0
+    summary = run_rl(cfg, run_dir, init)
+    summary["pretrain_s"] = pretrain_s
+    summary["wall_s"] = time.perf_counter() - t0
+    summary["plot"] = str(plot_run(run_dir))
+    path = write_summary(run_dir, summary)
+    print_summary(summary, path)
+    return 0
+
+
+def _config_toml(cfg) -> str:
+    from tidal.config.dump import to_toml
+
+    return to_toml(cfg.model_dump(mode="json")) + "\n"
+
+
+def cmd_pretrain(args, rest) -> int:
+    cfg = _load(args, rest)
+    if args.dry_run:
+        _print_config(cfg)
+        return 0
+    from tidal.pretrain.loop import pretrain
+
+    out = Path(args.out or f"runs/pretrain-{time.strftime('%Y%m%d-%H%M%S')}")
+    path = pretrain(cfg, out)
+    print(f"pretrained checkpoint: {path}")
+    return 0
+
+
+def cmd_eval(args, rest) -> int:
+    import json
+
+    import torch
+
+    from tidal.engine.engine import Engine
+    from tidal.model import from_pretrained, load_tokenizer
+    from tidal.orchestrator.evaluate import heldout_pass1
+    from tidal.sandbox import Sandbox
+    from tidal.tasks import get_family
+
+    cfg = _load(args, rest)
+    oc = cfg.orchestrator
+    model = from_pretrained(args.checkpoint, dtype=getattr(torch, cfg.model.dtype))
+    engine = Engine(model, load_tokenizer(args.checkpoint), cfg.engine)
+    tasks = get_family(cfg.env.name)(cfg.env, args.tasks or oc.heldout_tasks, oc.heldout_seed, heldout=True)
+    result = heldout_pass1(engine, Sandbox(cfg.env.sandbox), tasks, oc.eval_samples_per_task)
+    result["checkpoint"] = str(args.checkpoint)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def cmd_bench(args, rest) -> int:
+    if rest:
+        raise SystemExit(f"tidal bench: unexpected arguments {rest}")
+    if args.what == "engine":
+        from tidal.bench.engine_bench import run_engine_bench
+
+        sizes = tuple(int(b) for b in args.batch_sizes.split(","))
+        run_engine_bench(preset=args.preset, batch_sizes=sizes, new_tokens=args.new_tokens,
+                         json_path=args.json)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tidal", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="the main job: mid-train if needed, then RL, then report")
+    t.add_argument("config", nargs="?", help="TOML recipe (default: the built-in recipe)")
+    t.add_argument("--run-dir", help="where metrics, checkpoints and the summary go")
+    t.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    t.set_defaults(fn=cmd_train)
+
+    pt = sub.add_parser("pretrain", help="mid-train a model by next-token prediction on a corpus")
+    pt.add_argument("config", nargs="?")
+    pt.add_argument("--out", help="output checkpoint folder")
+    pt.add_argument("--dry-run", action="store_true")
+    pt.set_defaults(fn=cmd_pretrain)
+
+    e = sub.add_parser("eval", help="held-out pass@1 of a checkpoint")
+    e.add_argument("checkpoint", help="Hugging Face checkpoint folder")
+    e.add_argument("config", nargs="?")
+    e.add_argument("--tasks", type=int, help="held-out tasks (default orchestrator.heldout_tasks)")
+    e.set_defaults(fn=cmd_eval)
+
+    b = sub.add_parser("bench", help="benchmarks against peers (print tables, write JSON)")
+    b.add_argument("what", choices=["engine"])
+    b.add_argument("--preset", default="tiny", help="model preset (tiny, tiny-moe, small)")
+    b.add_argument("--batch-sizes", default="1,16,64")
+    b.add_argument("--new-tokens", type=int, default=64)
+    b.add_argument("--json", help="write results here")
+    b.set_defaults(fn=cmd_bench)
+    return p
+
+
+def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Separate dotted config overrides (``--section.key VALUE`` or ``--section.key=VALUE``)."""
+    known, overrides = [], []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        key = arg[2:].split("=", 1)[0]
+        if arg.startswith("--") and "." in key and not arg.startswith("--run-dir"):
+            take = 1 if "=" in arg else 2
+            overrides.extend(argv[i:i + take])
+            i += take
+        else:
+            known.append(arg)
+            i += 1
+    return known, overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    known, rest = split_overrides(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(known)
+    try:
+        return args.fn(args, rest)
+    except _user_errors() as e:
+        print(f"tidal {args.command}: error: {e}", file=sys.stderr)
+        return 2

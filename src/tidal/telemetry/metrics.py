@@ -1,0 +1,47 @@
+"""Run telemetry: one JSON line per step in RUN_DIR/metrics.jsonl, and the final summary.json."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+
+def _clean(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+class MetricsLog:
+    """Appends one JSON object per line and flushes it, so a killed run keeps every step."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a", buffering=1)
+
+    def write(self, record: dict) -> None:
+        self._f.write(json.dumps(_clean(record), sort_keys=True) + "\n")
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    p = Path(path)
+    if not p.is_file():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def write_json_atomic(path: str | Path, obj: dict) -> None:
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(_clean(obj), indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)

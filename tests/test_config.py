@@ -1,0 +1,78 @@
+"""Config loading: TOML, dotted overrides, unknown keys, cross-field checks, --dry-run."""
+
+import pytest
+
+from tidal.cli import main, split_overrides
+from tidal.config import ConfigError, load_config, parse_overrides
+
+
+def test_defaults_are_valid():
+    cfg = load_config()
+    assert cfg.orchestrator.group_size >= 2
+    assert cfg.engine.max_seq_len <= cfg.model.max_position_embeddings
+
+
+def test_toml_and_overrides(tmp_path):
+    p = tmp_path / "r.toml"
+    p.write_text("[trainer]\nlr = 0.01\n[env.sandbox]\ntimeout_s = 3.0\n")
+    cfg = load_config(p, ["--trainer.lr", "1e-6", '--engine.stop=["\\n"]', "--orchestrator.steps", "7"])
+    assert cfg.trainer.lr == 1e-6
+    assert cfg.env.sandbox.timeout_s == 3.0
+    assert cfg.engine.stop == ["\n"]
+    assert cfg.orchestrator.steps == 7
+
+
+def test_unknown_key_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="trainer.lrr"):
+        load_config(None, ["--trainer.lrr", "1"])
+    p = tmp_path / "r.toml"
+    p.write_text("[modle]\nhidden_size = 8\n")
+    with pytest.raises(ConfigError, match="modle"):
+        load_config(p)
+
+
+def test_bad_values_and_cross_field():
+    with pytest.raises(ConfigError, match="num_key_value_heads"):
+        load_config(None, ["--model.num_key_value_heads", "4"])
+    with pytest.raises(ConfigError, match="max_position_embeddings"):
+        load_config(None, ["--engine.max_seq_len", "4096"])
+    with pytest.raises(ConfigError, match="trainer.lr"):
+        load_config(None, ["--trainer.lr", "-1"])
+    with pytest.raises(ConfigError, match="min_level"):
+        load_config(None, ["--env.min_level", "3", "--env.max_level", "2"])
+
+
+def test_bad_toml_and_missing_file(tmp_path):
+    p = tmp_path / "bad.toml"
+    p.write_text("[trainer\nlr=")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(p)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_parse_overrides_errors():
+    with pytest.raises(ConfigError, match="needs a value"):
+        parse_overrides(["--trainer.lr"])
+    with pytest.raises(ConfigError, match="section"):
+        parse_overrides(["--lr", "1"])
+
+
+def test_split_overrides_keeps_positional_config():
+    known, over = split_overrides(["r.toml", "--trainer.lr", "1e-6", "--dry-run", "--engine.top_p=0.9"])
+    assert known == ["r.toml", "--dry-run"]
+    assert over == ["--trainer.lr", "1e-6", "--engine.top_p=0.9"]
+
+
+def test_dry_run_prints_resolved_config_that_round_trips(tmp_path, capsys):
+    assert main(["train", "--dry-run", "--trainer.lr", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "lr = 0.5" in out and "[env.sandbox]" in out
+    p = tmp_path / "resolved.toml"
+    p.write_text(out)
+    assert load_config(p) == load_config(None, ["--trainer.lr", "0.5"])
+
+
+def test_cli_bad_config_exits_2_with_message(capsys):
+    assert main(["train", "--trainer.lrr", "1"]) == 2
+    assert "unknown config key 'trainer.lrr'" in capsys.readouterr().err

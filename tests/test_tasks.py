@@ -1,0 +1,57 @@
+"""The "funcs" task family: determinism, the held-out split, the corpus, reference solutions."""
+
+from tidal.config import load_config
+from tidal.tasks import build_corpus, sample_tasks
+from tidal.tasks.family import canonical, evaluate, is_heldout
+
+
+def test_deterministic_from_seed():
+    env = load_config().env
+    a = sample_tasks(env, 20, seed=3, heldout=False)
+    b = sample_tasks(env, 20, seed=3, heldout=False)
+    c = sample_tasks(env, 20, seed=4, heldout=False)
+    assert a == b
+    assert a != c
+
+
+def test_heldout_disjoint_from_training_by_construction():
+    env = load_config().env
+    held = sample_tasks(env, 200, seed=0, heldout=True)
+    train = sample_tasks(env, 5000, seed=1, heldout=False)
+    assert len({canonical(t.spec) for t in held}) == 200
+    assert not {t.spec for t in held} & {t.spec for t in train}
+    assert all(is_heldout(t.spec, env.heldout_buckets) for t in held)
+
+
+def test_levels_respected():
+    env = load_config(None, ["--env.min_level", "2", "--env.max_level", "2"]).env
+    assert {t.level for t in sample_tasks(env, 50, seed=0, heldout=False)} == {2}
+
+
+def test_reference_solution_matches_hidden_tests():
+    env = load_config().env
+    for task in sample_tasks(env, 100, seed=5, heldout=False):
+        ns: dict = {}
+        exec(task.prompt + task.reference_solution, ns)
+        assert all(ns["f"](x) == y == evaluate(task.spec, x) for x, y in task.tests)
+
+
+def test_corpus_from_training_split_only_with_bugs():
+    env = load_config().env
+    docs = build_corpus(env, 400, seed=0)
+    assert len(docs) == 400
+    held_prompts = {t.prompt.split("\n")[0] for t in sample_tasks(env, 300, seed=0, heldout=True)}
+    assert not held_prompts & {d.split("\n")[0] for d in docs}
+    wrong = 0
+    for d in docs:
+        ns: dict = {}
+        exec(d, ns)
+        task_line = d.split("\n")[1]  # "# Examples: f(a) == b, ..."
+        if any(str(ns["f"](int(p.split("(")[1].split(")")[0]))) != p.split("== ")[1]
+               for p in task_line[len("# Examples: "):].split(", ")):
+            wrong += 1
+    assert 0.15 < wrong / len(docs) < 0.7  # a realistic share of buggy solutions
+    clean = build_corpus(load_config(None, ["--env.corpus_bug_rate", "0"]).env, 100, seed=0)
+    for d in clean:
+        ns = {}
+        exec(d, ns)
