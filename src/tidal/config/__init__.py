@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import model_validator
 
-from tidal.config.base import Section
+from tidal.section import Section
 from tidal.config.loader import ConfigError, load_config, parse_overrides
 from tidal.engine.config import EngineConfig
 from tidal.model.config import ModelConfig

@@ -2,7 +2,7 @@
 
 from pydantic import Field, model_validator
 
-from tidal.config.base import Section
+from tidal.section import Section
 
 
 class EngineConfig(Section):
@@ -20,6 +20,14 @@ class EngineConfig(Section):
     """Stop strings: generation ends once the decoded completion contains one (kept in output)."""
     seed: int = 0
     """Seed of the sampler's random generator."""
+    max_prefill_tokens: int = Field(8192, ge=1)
+    """Padded tokens (requests x longest prompt) per prefill forward; bounds the activation and
+    logits memory of admitting many requests at once. A single longer prompt still runs alone."""
+    recompute_kv_on_reload: bool = True
+    """On a weight update, recompute the KV cache of in-flight sequences with the new weights, so
+    every token after the update is exactly what the new policy gives for its whole context (one
+    prefill of the running batch per update). False keeps the stale cache: faster, slightly
+    off-policy."""
 
     @model_validator(mode="after")
     def _check(self) -> "EngineConfig":

@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tidal.config.base import Section
+from tidal.section import Section
 
 
 class ModelConfig(Section):

@@ -2,7 +2,7 @@
 
 from pydantic import Field
 
-from tidal.config.base import Section
+from tidal.section import Section
 from tidal.sandbox.config import SandboxConfig
 
 

@@ -1,0 +1,163 @@
+"""Decode throughput of tidal's Engine against transformers' ``generate`` on the same weights.
+
+    python -m tidal.bench.engine_bench --preset tiny --batch-sizes 1 16 64 --json engine.json
+
+One model is built from a preset with a fixed seed, saved with ``save_pretrained`` and loaded
+back by ``AutoModelForCausalLM`` (fp32, eval), so both sides run identical weights. Per batch
+size both decode the same random prompts greedily for exactly ``new_tokens`` tokens (eos
+ignored: tidal ``ignore_eos``, transformers ``min_new_tokens``), prefill included in the time.
+After a warm-up, runs alternate between the two (the machine is shared and noisy) and the
+median of ``runs`` is reported. Only generated tokens count. ``greedy_match`` is the fraction
+of sequences whose tokens agree exactly; it is informational (float order differs, so
+near-ties may flip), not a pass/fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from tidal.engine.config import EngineConfig
+from tidal.engine.engine import Engine
+from tidal.engine.request import GenerationRequest
+from tidal.model.checkpoint import save_pretrained
+from tidal.model.presets import preset as model_preset
+from tidal.model.qwen3 import build_model
+from tidal.model.tokenizer import ByteTokenizer
+
+
+def run_engine_bench(
+    preset: str = "tiny",
+    batch_sizes: tuple[int, ...] = (1, 16, 64),
+    new_tokens: int = 64,
+    json_path: str | Path | None = None,
+    prompt_len: int = 16,
+    runs: int = 3,
+    seed: int = 0,
+    threads: int | None = None,
+) -> dict:
+    """Measure decode tokens/s of both engines per batch size; print a table; return (and
+    optionally write) ``{"preset", "new_tokens", "prompt_len", "threads", "rows": [{batch,
+    tidal_tok_s, hf_tok_s, ratio, greedy_match}]}``.
+
+    threads: torch intra-op threads for both sides during the run (None = leave torch's
+    setting). On a shared machine 1 is the stable choice: OpenMP threads that wait for a
+    descheduled sibling make tiny matmuls many times slower, for both sides alike.
+    """
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _run(preset, batch_sizes, new_tokens, json_path, prompt_len, runs, seed)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _run(preset, batch_sizes, new_tokens, json_path, prompt_len, runs, seed) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    model = build_model(model_preset(preset), seed=seed).float().eval()
+    tokenizer = ByteTokenizer()
+    with tempfile.TemporaryDirectory() as folder:
+        save_pretrained(model, folder)
+        hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+    rows = []
+    for batch in batch_sizes:
+        prompts = torch.randint(0, 256, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
+        engine = Engine(model, tokenizer, EngineConfig(
+            max_batch_size=batch, max_seq_len=prompt_len + new_tokens + 1,
+            max_new_tokens=new_tokens, temperature=0.0, stop=[], seed=seed,
+        ))
+        requests = [GenerationRequest(p, ignore_eos=True) for p in prompts.tolist()]
+
+        def tidal_run() -> list[list[int]]:
+            return [r.token_ids for r in engine.generate(requests)]
+
+        @torch.inference_mode()
+        def hf_run() -> list[list[int]]:
+            out = hf_model.generate(
+                prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens, do_sample=False, use_cache=True,
+                pad_token_id=tokenizer.pad_id, eos_token_id=tokenizer.eos_id,
+            )
+            return out[:, prompt_len:].tolist()
+
+        tidal_tokens, hf_tokens = tidal_run(), hf_run()  # warm-up
+        tidal_s, hf_s = [], []
+        for _ in range(runs):
+            tidal_s.append(_seconds(tidal_run))
+            hf_s.append(_seconds(hf_run))
+        generated = batch * new_tokens
+        tidal_rate = generated / statistics.median(tidal_s)
+        hf_rate = generated / statistics.median(hf_s)
+        rows.append({
+            "batch": batch,
+            "tidal_tok_s": round(tidal_rate, 1),
+            "hf_tok_s": round(hf_rate, 1),
+            "ratio": round(tidal_rate / hf_rate, 2),
+            "greedy_match": sum(a == b for a, b in zip(tidal_tokens, hf_tokens)) / batch,
+        })
+
+    result = {
+        "preset": preset, "new_tokens": new_tokens, "prompt_len": prompt_len,
+        "threads": torch.get_num_threads(), "rows": rows,
+    }
+    _print_table(result)
+    if json_path is not None:
+        _write_json_atomic(Path(json_path), result)
+    return result
+
+
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _print_table(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=(
+        f"engine decode, preset {result['preset']}, {result['prompt_len']} prompt + "
+        f"{result['new_tokens']} new tokens, greedy, {result['threads']} thread(s) "
+        f"(peer: transformers generate)"
+    ))
+    for col in ("batch", "tidal tok/s", "HF tok/s", "ratio", "greedy match"):
+        table.add_column(col, justify="right")
+    for r in result["rows"]:
+        table.add_row(
+            str(r["batch"]), f"{r['tidal_tok_s']:.0f}", f"{r['hf_tok_s']:.0f}",
+            f"{r['ratio']:.2f}x", f"{r['greedy_match']:.2f}",
+        )
+    Console().print(table)
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--json", default=None, help="write the results here")
+    a = p.parse_args(argv)
+    run_engine_bench(a.preset, tuple(a.batch_sizes), a.new_tokens, a.json, threads=a.threads)
+
+
+if __name__ == "__main__":
+    main()

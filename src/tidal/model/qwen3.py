@@ -1,0 +1,324 @@
+"""The Qwen3 decoder (dense) and Qwen3-MoE (every layer sparse), matching transformers' numerics.
+
+Module and parameter names equal Hugging Face's (``model.layers.3.self_attn.q_proj.weight``), so a
+state_dict is an HF checkpoint up to one difference: experts are stored fused, as transformers
+5.x does in memory (``mlp.experts.gate_up_proj`` [E, 2*I, H], ``mlp.experts.down_proj`` [E, H, I]);
+checkpoint.py converts to and from the per-expert names that published checkpoints use.
+
+One forward serves three callers:
+- the trainer: ``model(ids)`` (causal over the given tokens; pad on the right), optionally with
+  ``replay_experts`` so the MoE uses the experts the sampler used (router replay);
+- the engine: ``model(ids, positions, cache, slots)`` writes k/v into per-slot cache rows and
+  attends to positions 0..p of the slot (prefill T>1, decode T=1, mixed lengths in one batch);
+- either may ask ``return_experts=True`` to get the chosen expert ids [B, T, layers, k].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tidal.model.config import ModelConfig
+from tidal.model.kv_cache import KVCache
+
+
+class RMSNorm(nn.Module):
+    """Normalises in fp32 and casts back before the weight, exactly as transformers does, so
+    bf16 results agree bit for bit with the reference."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos, sin [B, T, head_dim] for integer positions [B, T]. Computed per call in fp32 (not a
+    buffer), so casting the model to bf16 or loading it on the meta device cannot degrade it."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.float, device=positions.device) / head_dim
+    inv_freq = 1.0 / (theta**exponent)
+    freqs = positions[..., None].float() * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, heads, T, D]; cos/sin [B, T, D] (HF rotate_half convention)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return x * cos + rotate_half(x) * sin
+
+
+@dataclass
+class CachePlan:
+    """Everything a layer needs to use the KV cache, computed once per forward (not per layer).
+
+    write_rows/write_cols/write_slots/write_pos: batch row, column in the chunk, cache slot and
+    position of each non-padding token (the cache cell its k/v go to).
+    mask [B, 1, T, kv_len]: True where a query may attend a cached key (key position <= its own).
+    """
+
+    cache: KVCache
+    slots: torch.Tensor
+    kv_len: int
+    write_rows: torch.Tensor
+    write_cols: torch.Tensor
+    write_slots: torch.Tensor
+    write_pos: torch.Tensor
+    mask: torch.Tensor
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.q_proj = nn.Linear(h, self.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, plan: CachePlan | None) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, t, self.num_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if plan is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            k, v = self._through_cache(k, v, plan)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=plan.mask, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+    def _through_cache(self, k, v, plan: CachePlan):
+        """Write the new tokens' k/v [B, kv_heads, T, D] into their slots, read back each row's
+        slot up to kv_len (the longest position in the batch + 1)."""
+        kc, vc = plan.cache.k[self.layer], plan.cache.v[self.layer]
+        rows, cols = plan.write_rows, plan.write_cols
+        kc[plan.write_slots, :, plan.write_pos] = k[rows, :, cols].to(kc.dtype)
+        vc[plan.write_slots, :, plan.write_pos] = v[rows, :, cols].to(vc.dtype)
+        return kc[plan.slots, :, : plan.kv_len].to(k.dtype), vc[plan.slots, :, : plan.kv_len].to(v.dtype)
+
+
+class MLP(nn.Module):
+    """Dense SwiGLU."""
+
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Experts(nn.Module):
+    """E SwiGLU experts as two 3-D tensors (transformers 5.x layout: gate rows, then up rows)."""
+
+    def __init__(self, num_experts: int, hidden: int, inter: int):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x [N, H], ids/weights [N, k] -> [N, H]. Assignments are sorted by expert so each expert
+        runs one matmul over a contiguous block (the loop is over experts, never tokens)."""
+        k = ids.shape[1]
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        token = order // k
+        counts = torch.bincount(flat, minlength=self.gate_up_proj.shape[0]).tolist()
+        xs = x.index_select(0, token)
+        outs, start = [], 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            gate, up = F.linear(xs[start : start + n], self.gate_up_proj[e]).chunk(2, dim=-1)
+            outs.append(F.linear(F.silu(gate) * up, self.down_proj[e]))
+            start += n
+        if not outs:  # no tokens at all
+            return torch.zeros_like(x)
+        y = torch.cat(outs) * weights.reshape(-1).index_select(0, order).unsqueeze(1)
+        return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
+
+
+class SparseMoE(nn.Module):
+    """Qwen3-MoE block: router -> softmax -> top-k (or replayed ids) -> optional renorm -> experts."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.top_k, self.norm_topk_prob = cfg.num_experts_per_tok, cfg.norm_topk_prob
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+
+    def forward(self, x: torch.Tensor, replay: torch.Tensor | None):
+        """x [B, T, H]; replay [B*T, k] or None -> (out [B, T, H], ids [B*T, k]).
+
+        With replay the gate weights are this model's own router probabilities gathered at the
+        replayed ids, so the router keeps its gradient while the experts match the sampler's."""
+        flat = x.reshape(-1, x.shape[-1])
+        probs = F.softmax(self.gate(flat), dim=-1, dtype=torch.float)
+        if replay is None:
+            weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        else:
+            ids = replay
+            weights = probs.gather(-1, ids)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        out = self.experts(flat, ids, weights.to(x.dtype))
+        return out.view_as(x), ids
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.self_attn = Attention(cfg, layer)
+        self.mlp = SparseMoE(cfg) if cfg.is_moe else MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, plan, replay):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, plan)
+        h = self.post_attention_layernorm(x)
+        if isinstance(self.mlp, SparseMoE):
+            out, ids = self.mlp(h, replay)
+            return x + out, ids
+        return x + self.mlp(h), None
+
+
+class Backbone(nn.Module):
+    """HF's ``model.`` prefix: embeddings, layers, final norm."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share lm_head with the embeddings when the config says so (call again after any
+        operation that replaces parameters, e.g. load_state_dict(assign=True))."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        slots: torch.Tensor | None = None,
+        replay_experts: torch.Tensor | None = None,
+        return_experts: bool = False,
+    ):
+        """input_ids [B, T] -> fp32 logits [B, T, vocab], or (logits, experts [B, T, layers, k] |
+        None) with return_experts. Positions < 0 mark padding (cache mode): not written, garbage
+        logits and experts. Without a cache attention is causal over the given order and
+        positions only set RoPE."""
+        b, t = input_ids.shape
+        if positions is None:
+            positions = torch.arange(t, device=input_ids.device).expand(b, t)
+        elif positions.shape != (b, t):
+            raise ValueError(
+                f"positions has shape {tuple(positions.shape)}, expected {(b, t)} like input_ids"
+            )
+        replay = self._check_replay(replay_experts, b, t)
+        plan = None if cache is None else self._cache_plan(cache, slots, positions)
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(positions.clamp(min=0), self.config.head_dim, self.config.rope_theta, x.dtype)
+        expert_ids = []
+        for i, layer in enumerate(self.model.layers):
+            x, ids = layer(x, cos, sin, plan, None if replay is None else replay[:, i])
+            expert_ids.append(ids)
+        logits = self.lm_head(self.model.norm(x)).float()
+        if not return_experts:
+            return logits
+        if not self.config.is_moe:
+            return logits, None
+        return logits, torch.stack(expert_ids, dim=1).view(b, t, len(expert_ids), -1)
+
+    def _check_replay(self, replay: torch.Tensor | None, b: int, t: int) -> torch.Tensor | None:
+        """Validate replayed ids [B, T, layers, k] and flatten them to [B*T, layers, k]."""
+        if replay is None:
+            return None
+        cfg = self.config
+        if not cfg.is_moe:
+            raise ValueError("replay_experts was given but the model is dense (model.num_experts = 0)")
+        want = (b, t, cfg.num_hidden_layers, cfg.num_experts_per_tok)
+        if tuple(replay.shape) != want:
+            raise ValueError(
+                f"replay_experts has shape {tuple(replay.shape)}, expected [B, T, layers, k] = {want}"
+            )
+        if replay.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"replay_experts must hold integer expert ids, got {replay.dtype}")
+        if replay.numel() and (int(replay.min()) < 0 or int(replay.max()) >= cfg.num_experts):
+            raise ValueError(
+                f"replay_experts holds ids outside [0, {cfg.num_experts}); pad with any valid id "
+                "(padding tokens' logits are ignored anyway)"
+            )
+        return replay.reshape(b * t, cfg.num_hidden_layers, -1).long()
+
+    def _cache_plan(self, cache: KVCache, slots: torch.Tensor | None, positions: torch.Tensor) -> CachePlan:
+        b = positions.shape[0]
+        if slots is None or slots.shape != (b,):
+            got = None if slots is None else tuple(slots.shape)
+            raise ValueError(f"a cache needs slots of shape [B] = {(b,)}, got {got}")
+        if int(slots.min()) < 0 or int(slots.max()) >= cache.num_slots:
+            raise ValueError(f"slots must lie in [0, {cache.num_slots}), got {slots.tolist()}")
+        kv_len = int(positions.max()) + 1
+        if kv_len > cache.max_len:
+            raise ValueError(f"position {kv_len - 1} does not fit the KV cache (max_len {cache.max_len})")
+        rows, cols = (positions >= 0).nonzero(as_tuple=True)
+        key_pos = torch.arange(max(kv_len, 1), device=positions.device)
+        # Padding queries (position < 0) may see key 0 so that softmax stays finite.
+        mask = key_pos.view(1, 1, 1, -1) <= positions.clamp(min=0).view(b, 1, -1, 1)
+        return CachePlan(
+            cache=cache, slots=slots, kv_len=max(kv_len, 1), write_rows=rows, write_cols=cols,
+            write_slots=slots[rows], write_pos=positions[rows, cols], mask=mask,
+        )
+
+
+@torch.no_grad()
+def init_weights(model: CausalLM, generator: torch.Generator | None = None) -> None:
+    """transformers' Qwen3 init: every matrix (embeddings, projections, router, experts) from
+    normal(0, initializer_range), norm weights 1."""
+    std = model.config.initializer_range
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        else:
+            p.normal_(0.0, std, generator=generator)
+
+
+def build_model(cfg: ModelConfig, seed: int | None = None) -> CausalLM:
+    """A randomly initialised model in cfg.dtype; seed makes it reproducible without touching
+    the global RNG."""
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
+    model = CausalLM(cfg)
+    init_weights(model, generator)
+    return model.to(getattr(torch, cfg.dtype))

@@ -1,0 +1,78 @@
+"""Pretrained checkpoints cached by what made them: run mid-training once per distinct recipe.
+
+``cache_dir/<key>/model`` holds the checkpoint, ``cache_dir/<key>/pretrain_metrics.jsonl`` its
+curve and ``cache_dir/<key>/tidal_config.json`` the sections that were hashed. The key hashes the
+model section, the pretrain section (minus where the cache lives and how often it logs), the env
+section (minus its sandbox, which does not change the corpus), the seed, tidal's version, and the
+size and mtime of every corpus file. A run is built in a hidden sibling folder and renamed into
+place, so a half-finished or crashed pretraining is never mistaken for a cached one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import uuid
+from pathlib import Path
+
+import tidal
+from tidal.model.checkpoint import COMPLETE_MARKER
+from tidal.pretrain.loop import MODEL_DIR, pretrain
+
+log = logging.getLogger(__name__)
+
+NOT_HASHED = {"pretrain": {"cache_dir", "log_every"}, "env": {"sandbox"}}
+"""Fields that do not change the pretrained weights, so changing them must not re-pretrain."""
+
+
+def cache_key(cfg) -> str:
+    """12 hex digits identifying the pretrained weights ``cfg`` would produce."""
+    return hashlib.sha256(json.dumps(_hashed(cfg), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def cached_pretrained(cfg, progress: bool = True) -> Path:
+    """The pretrained model folder for ``cfg``: reused if cached, else pretrained now and cached."""
+    root = Path(cfg.pretrain.cache_dir) / cache_key(cfg)
+    model_dir = root / MODEL_DIR
+    if (model_dir / COMPLETE_MARKER).is_file():
+        log.info("reusing pretrained model %s", model_dir)
+        return model_dir
+    log.info("no pretrained model cached for this config; pretraining into %s", root)
+    staging = root.parent / f".{root.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        pretrain(cfg, staging, progress=progress)
+        (staging / "tidal_config.json").write_text(json.dumps(_hashed(cfg), indent=2, sort_keys=True) + "\n")
+        _publish(staging, root)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return model_dir
+
+
+def _hashed(cfg) -> dict:
+    return {
+        "model": cfg.model.model_dump(mode="json"),
+        "pretrain": cfg.pretrain.model_dump(mode="json", exclude=NOT_HASHED["pretrain"]),
+        "env": cfg.env.model_dump(mode="json", exclude=NOT_HASHED["env"]),
+        "seed": cfg.orchestrator.seed,
+        "tidal_version": tidal.__version__,
+        "corpus_files": [_file_identity(p) for p in cfg.pretrain.corpus],
+    }
+
+
+def _file_identity(path: str) -> list:
+    p = Path(path)
+    st = p.stat() if p.is_file() else None
+    return [str(p.resolve()), st.st_size if st else None, st.st_mtime_ns if st else None]
+
+
+def _publish(staging: Path, root: Path) -> None:
+    """Rename staging to root. A complete root made meanwhile by another process wins; an
+    incomplete one (a crash before this rename existed) is replaced."""
+    if (root / MODEL_DIR / COMPLETE_MARKER).is_file():
+        log.info("another process cached %s first; using it", root)
+        return
+    if root.exists():
+        shutil.rmtree(root)
+    staging.rename(root)

@@ -1,0 +1,243 @@
+"""GRPO building blocks as pure functions: advantages, collation, token logprobs, the clipped loss.
+
+Nothing here holds state or touches an optimizer, so each piece is unit-tested by hand.
+
+Alignment convention (shared with the engine). A segment is ``prompt_ids + completion_ids``
+(``n`` tokens). The model reads ``input_ids = seq[:-1]`` and position ``t`` predicts
+``targets[t] = seq[t + 1]``. Completion token ``j`` therefore sits at target position
+``t = len(prompt_ids) + j - 1``: its old logprob, its loss-mask bit and, for MoE, its recorded
+experts all land on row position ``t``. The engine records for completion token ``j`` the experts
+of the forward pass that *sampled* it, i.e. the routing of input position ``t`` — the same
+position, so router replay lines up without any shifting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from tidal.types import Trajectory
+
+LossAgg = Literal["token_mean", "seq_mean"]
+
+NO_REPLAY = -1
+"""Expert id meaning "no recorded routing here; let the router choose" (prompt positions)."""
+
+
+def group_advantages(
+    rewards: torch.Tensor | list[float],
+    group_ids: torch.Tensor | list[int],
+    normalize_std: bool,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """GRPO advantage: reward minus its group's mean, optionally over the group's std (+ eps).
+
+    The std is the unbiased sample std (as in TRL / DeepSeekMath). A group whose rewards are all
+    equal carries no learning signal and gets exactly 0 (not 0/eps noise). Returns float32 [N].
+    """
+    r = torch.as_tensor(rewards, dtype=torch.float64)
+    g = torch.as_tensor(group_ids)
+    if r.shape != g.shape or r.dim() != 1:
+        raise ValueError(f"rewards {tuple(r.shape)} and group_ids {tuple(g.shape)} must be equal 1-D shapes")
+    adv = torch.zeros_like(r)
+    for gid in torch.unique(g):
+        idx = g == gid
+        rg = r[idx]
+        if bool((rg == rg[0]).all()):
+            continue
+        centred = rg - rg.mean()
+        if normalize_std:
+            centred = centred / (rg.std(unbiased=True) + eps)
+        adv[idx] = centred
+    return adv.float()
+
+
+@dataclass
+class TrainBatch:
+    """Padded tensors for one trainer step; one row per segment. B rows, T = longest row.
+
+    input_ids [B,T] long: the segment's tokens minus the last, right-padded with pad_id.
+    targets [B,T] long: input_ids shifted by one (targets[t] = seq[t+1]); pad_id past the end.
+    loss_mask [B,T] float: 1 only where targets[t] is a completion token with Segment.loss_mask 1.
+    old_logprobs [B,T] float: behaviour-policy sampling logprob of targets[t] (0 where masked).
+    advantages [B] float: the trajectory's advantage, repeated for each of its segments.
+    experts [B,T,L,k] long or None: recorded routing per input position (NO_REPLAY elsewhere).
+    row_traj [B] long: index of the trajectory each row came from.
+    lengths [B] long: real (unpadded) positions per row.
+    """
+
+    input_ids: torch.Tensor
+    targets: torch.Tensor
+    loss_mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    experts: torch.Tensor | None
+    row_traj: torch.Tensor
+    lengths: torch.Tensor
+
+    @property
+    def num_rows(self) -> int:
+        return self.input_ids.shape[0]
+
+    def to(self, device: torch.device | str) -> "TrainBatch":
+        """The same batch with every tensor on ``device``."""
+        return TrainBatch(**{
+            name: None if t is None else t.to(device) for name, t in vars(self).items()
+        })
+
+    def rows(self, start: int, stop: int) -> "TrainBatch":
+        """Rows [start, stop), trimmed to their own longest row (less padding per micro-batch)."""
+        cut = slice(start, stop)
+        length = max(int(self.lengths[cut].max().item()), 1)
+        return TrainBatch(
+            input_ids=self.input_ids[cut, :length],
+            targets=self.targets[cut, :length],
+            loss_mask=self.loss_mask[cut, :length],
+            old_logprobs=self.old_logprobs[cut, :length],
+            advantages=self.advantages[cut],
+            experts=None if self.experts is None else self.experts[cut, :length],
+            row_traj=self.row_traj[cut],
+            lengths=self.lengths[cut],
+        )
+
+
+def collate(
+    trajectories: list[Trajectory],
+    pad_id: int,
+    normalize_std: bool = True,
+    advantages: torch.Tensor | None = None,
+) -> TrainBatch:
+    """Pad every segment of every trajectory into one TrainBatch (see the module alignment note).
+
+    ``advantages`` [num_trajectories]: None = group_advantages of the trajectories' rewards and
+    group ids (with ``normalize_std``); pass your own for another estimator.
+    Segments with fewer than 2 tokens have nothing to predict and are skipped.
+    """
+    if advantages is None:
+        advantages = group_advantages(
+            [t.reward for t in trajectories], [t.group_id for t in trajectories], normalize_std
+        )
+    if len(advantages) != len(trajectories):
+        raise ValueError(f"{len(advantages)} advantages for {len(trajectories)} trajectories")
+    rows = [(i, s) for i, t in enumerate(trajectories) for s in t.segments
+            if len(s.prompt_ids) + len(s.completion_ids) >= 2]
+    if not rows:
+        raise ValueError("collate: no segment has 2 or more tokens; nothing to train on")
+    has_experts = [s.experts is not None for _, s in rows]
+    if any(has_experts) and not all(has_experts):
+        raise ValueError("collate: some segments carry MoE experts and some do not; "
+                         "all segments of a batch must come from the same kind of model")
+    B = len(rows)
+    T = max(len(s.prompt_ids) + len(s.completion_ids) - 1 for _, s in rows)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    targets = torch.full((B, T), pad_id, dtype=torch.long)
+    loss_mask = torch.zeros(B, T)
+    old_lp = torch.zeros(B, T)
+    experts = None
+    shaped = next((s for _, s in rows if s.experts), None)  # some segment with >= 1 token's experts
+    if all(has_experts) and shaped is not None:
+        L, k = len(shaped.experts[0]), len(shaped.experts[0][0])
+        experts = torch.full((B, T, L, k), NO_REPLAY, dtype=torch.long)
+    for b, (_, s) in enumerate(rows):
+        seq = torch.tensor(s.prompt_ids + s.completion_ids, dtype=torch.long)
+        n, P, C = len(seq), len(s.prompt_ids), len(s.completion_ids)
+        input_ids[b, : n - 1] = seq[:-1]
+        targets[b, : n - 1] = seq[1:]
+        if C == 0:
+            continue
+        # Completion token j is target position P + j - 1; with an empty prompt, j = 0 has no
+        # position (nothing precedes it) and is dropped.
+        first = 1 if P == 0 else 0
+        pos = slice(P + first - 1, P + C - 1)
+        loss_mask[b, pos] = torch.tensor(s.loss_mask[first:], dtype=torch.float32)
+        old_lp[b, pos] = torch.tensor(s.logprobs[first:], dtype=torch.float32) * loss_mask[b, pos]
+        if experts is not None and len(s.experts) > first:
+            e = torch.tensor(s.experts[first:], dtype=torch.long)
+            if e.shape[1:] != experts.shape[2:]:
+                raise ValueError(f"collate: segment experts have shape [*, {e.shape[1]}, {e.shape[2]}], "
+                                 f"expected [*, {experts.shape[2]}, {experts.shape[3]}]")
+            experts[b, pos] = e
+    row_traj = torch.tensor([i for i, _ in rows], dtype=torch.long)
+    adv = torch.as_tensor(advantages, dtype=torch.float32)[row_traj]
+    lengths = torch.tensor([len(s.prompt_ids) + len(s.completion_ids) - 1 for _, s in rows])
+    return TrainBatch(input_ids, targets, loss_mask, old_lp, adv, experts, row_traj, lengths)
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log_softmax(logits / T) at each target: [B,T,V], [B,T] -> [B,T] float32.
+
+    Matches the engine's recorded sampling logprob. Temperature 0 (greedy) is scored as T = 1,
+    the distribution the greedy choice was taken from.
+    """
+    t = temperature if temperature > 0 else 1.0
+    logp = torch.log_softmax(logits.float() / t, dim=-1)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def loss_weights(mask: torch.Tensor, agg: LossAgg, num_units: float | None = None) -> torch.Tensor:
+    """Per-token weights [B,T] so that sum(weights * per_token_loss) is the aggregated loss.
+
+    token_mean: 1 / (tokens in the whole batch). seq_mean: 1 / (tokens in the row) / (rows with
+    at least one token in the whole batch). ``num_units`` is that whole-batch count (tokens or
+    rows); None = this call's own, so micro-batches each pass the full batch's count and their
+    losses add up to the one-big-batch loss.
+    """
+    mask = mask.float()
+    if agg == "token_mean":
+        units = mask.sum().item() if num_units is None else num_units
+        return mask / max(units, 1.0)
+    if agg == "seq_mean":
+        per_row = mask.sum(dim=1, keepdim=True)
+        units = (per_row > 0).sum().item() if num_units is None else num_units
+        return mask / per_row.clamp(min=1.0) / max(units, 1.0)
+    raise ValueError(f"unknown loss aggregation {agg!r}; use 'token_mean' or 'seq_mean'")
+
+
+def ppo_clip_loss(
+    new_lp: torch.Tensor,
+    old_lp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    agg: LossAgg,
+    kl_coef: float = 0.0,
+    num_units: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO-clip policy-gradient loss against the behaviour policy, with a decoupled clip range.
+
+    Per token: ratio = exp(new - old); pg = -min(ratio * A, clip(ratio, 1 - low, 1 + high) * A);
+    k3 = ratio - 1 - log(ratio) (estimates KL(behaviour || current), samples are behaviour's);
+    loss = pg + kl_coef * k3, aggregated by ``agg`` (see loss_weights).
+
+    new_lp, old_lp, mask: [B,T]; adv: [B]. Returns (loss, stats). Stats are token means over
+    the masked tokens (clip_frac, kl, ratio_mean) plus ratio_max, pg_loss, and tokens; a
+    micro-batch's means can be combined weighting by ``tokens``.
+    """
+    mask = mask.float()
+    log_ratio = (new_lp - old_lp) * mask
+    ratio = torch.exp(log_ratio)
+    a = adv.float().unsqueeze(1)
+    unclipped = ratio * a
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * a
+    pg = -torch.minimum(unclipped, clipped)
+    k3 = ratio - 1.0 - log_ratio
+    w = loss_weights(mask, agg, num_units)
+    pg_loss = (pg * w).sum()
+    kl_loss = (k3 * w).sum()
+    loss = pg_loss + kl_coef * kl_loss
+    with torch.no_grad():
+        n = mask.sum()
+        denom = n.clamp(min=1.0)
+        was_clipped = ((ratio < 1.0 - clip_low) & (a < 0)) | ((ratio > 1.0 + clip_high) & (a > 0))
+        stats = {
+            "pg_loss": pg_loss.item(),
+            "kl": ((k3 * mask).sum() / denom).item(),
+            "clip_frac": ((was_clipped.float() * mask).sum() / denom).item(),
+            "ratio_mean": ((ratio * mask).sum() / denom).item(),
+            "ratio_max": ratio.masked_fill(mask == 0, float("-inf")).max().item() if n > 0 else 1.0,
+            "tokens": n.item(),
+        }
+    return loss, stats

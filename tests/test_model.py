@@ -1,0 +1,318 @@
+"""The model against transformers' Qwen3 / Qwen3-MoE, the KV cache against a full forward, MoE
+capture and replay, and checkpoint I/O including every error a user can cause."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tidal.model import (
+    CheckpointError, KVCache, ModelConfig, build_model, from_pretrained, preset, save_pretrained,
+)
+from tidal.model.checkpoint import COMPLETE_MARKER, config_from_hf, config_to_hf
+
+transformers = pytest.importorskip("transformers")
+
+TOL = 1e-4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These models are tiny: with 2 OpenMP threads on a busy shared 2-core machine a forward
+    spends ~100x longer spin-waiting than computing, so this module runs single-threaded."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def small_cfg(moe: bool = False, tied: bool = True, norm_topk: bool = True) -> ModelConfig:
+    return ModelConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+        rope_theta=1000.0, tie_word_embeddings=tied, num_experts=4 if moe else 0,
+        num_experts_per_tok=2, moe_intermediate_size=24, norm_topk_prob=norm_topk,
+    )
+
+
+def hf_model(moe: bool, tied: bool, norm_topk: bool = True):
+    """A transformers model built from its own config class (not ours), every tensor perturbed
+    so that norms and router are not at their init values."""
+    common = dict(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000.0}, tie_word_embeddings=tied,
+    )
+    torch.manual_seed(0)
+    if moe:
+        cfg = transformers.Qwen3MoeConfig(
+            **common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+            norm_topk_prob=norm_topk,
+        )
+        model = transformers.Qwen3MoeForCausalLM(cfg)
+    else:
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return model.eval()
+
+
+def ids(b=2, t=9, vocab=64, seed=1):
+    return torch.randint(0, vocab, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+# ------------------------------------------------------------------ equality with transformers
+
+
+@pytest.mark.parametrize("moe,tied,norm_topk", [(False, True, True), (False, False, True),
+                                                (True, False, True), (True, True, False)])
+def test_hf_checkpoint_loads_with_identical_logits(tmp_path, moe, tied, norm_topk):
+    ref = hf_model(moe, tied, norm_topk)
+    ref.save_pretrained(tmp_path)
+    ours = from_pretrained(tmp_path)
+    assert ours.config.tie_word_embeddings == tied and ours.config.norm_topk_prob == norm_topk
+    x = ids()
+    with torch.no_grad():
+        diff = (ours(x) - ref(x).logits.float()).abs().max().item()
+    assert diff <= TOL
+
+
+@pytest.mark.parametrize("moe,tied", [(False, True), (False, False), (True, True), (True, False)])
+def test_our_checkpoint_loads_in_transformers(tmp_path, moe, tied):
+    ours = build_model(small_cfg(moe, tied), seed=3)
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    save_pretrained(ours, tmp_path / "ckpt")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt").eval()
+    assert type(ref).__name__ == ("Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM")
+    x = ids()
+    with torch.no_grad():
+        diff = (ours(x) - ref(x).logits.float()).abs().max().item()
+    assert diff <= TOL
+
+
+def test_config_round_trip():
+    for cfg in (small_cfg(moe=True, tied=False, norm_topk=False), preset("small"), preset("tiny")):
+        assert config_from_hf(config_to_hf(cfg)) == cfg
+    # A dense config.json says nothing about experts; everything that shapes the model survives.
+    dense = config_from_hf(config_to_hf(small_cfg()))
+    assert dense.model_dump(exclude={"moe_intermediate_size"}) == small_cfg().model_dump(
+        exclude={"moe_intermediate_size"})
+
+
+# ------------------------------------------------------------------ KV cache
+
+
+def run_cached(model, cache, tokens, positions, slots):
+    with torch.no_grad():
+        return model(tokens, positions=positions, cache=cache, slots=slots, return_experts=True)
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_cached_prefill_and_decode_match_full_forward(moe):
+    model = build_model(small_cfg(moe), seed=0).eval()
+    cfg = model.config
+    seqs = [ids(1, 12, seed=5)[0], ids(1, 12, seed=6)[0]]
+    with torch.no_grad():
+        full = [model(s[None], return_experts=True) for s in seqs]
+    cache = KVCache.for_model(cfg, num_slots=4, max_len=16)
+    slots = torch.tensor([2, 0])
+    # Prefill lengths 6 and 3 together; row 1 is right-padded with positions -1.
+    lens = [6, 3]
+    tok = torch.zeros(2, 6, dtype=torch.long)
+    pos = torch.full((2, 6), -1)
+    for r, n in enumerate(lens):
+        tok[r, :n], pos[r, :n] = seqs[r][:n], torch.arange(n)
+    logits, experts = run_cached(model, cache, tok, pos, slots)
+    for r, n in enumerate(lens):
+        assert torch.allclose(logits[r, :n], full[r][0][0, :n], atol=1e-5)
+        if moe:
+            assert torch.equal(experts[r, :n], full[r][1][0, :n])
+    # A chunk of 2 more tokens for row 1 only (row 0 idle: all padding), then joint decode.
+    tok = torch.stack([torch.zeros(2, dtype=torch.long), seqs[1][3:5]])
+    pos = torch.tensor([[-1, -1], [3, 4]])
+    before = cache.k[0][2].clone()
+    logits, _ = run_cached(model, cache, tok, pos, slots)
+    assert torch.equal(cache.k[0][2], before), "padding tokens must not be written"
+    assert torch.allclose(logits[1], full[1][0][0, 3:5], atol=1e-5)
+    lens = [6, 5]
+    for _ in range(4):
+        tok = torch.tensor([[seqs[0][lens[0]]], [seqs[1][lens[1]]]])
+        logits, experts = run_cached(model, cache, tok, torch.tensor([[lens[0]], [lens[1]]]), slots)
+        for r in range(2):
+            assert torch.allclose(logits[r, 0], full[r][0][0, lens[r]], atol=1e-5)
+            if moe:
+                assert torch.equal(experts[r, 0], full[r][1][0, lens[r]])
+        lens = [n + 1 for n in lens]
+
+
+def test_cache_errors_are_clear():
+    model = build_model(small_cfg(), seed=0)
+    cache = KVCache.for_model(model.config, num_slots=2, max_len=8)
+    x = ids(1, 4)
+    with pytest.raises(ValueError, match="slots"):
+        model(x, cache=cache)
+    with pytest.raises(ValueError, match="slots must lie"):
+        model(x, cache=cache, slots=torch.tensor([5]))
+    with pytest.raises(ValueError, match="max_len 8"):
+        model(x, positions=torch.arange(6, 10)[None], cache=cache, slots=torch.tensor([0]))
+
+
+# ------------------------------------------------------------------ MoE capture and replay
+
+
+def test_return_experts_is_the_routers_top_k():
+    model = build_model(small_cfg(moe=True), seed=0).eval()
+    router_logits = []
+    hooks = [layer.mlp.gate.register_forward_hook(lambda m, i, o: router_logits.append(o))
+             for layer in model.model.layers]
+    x = ids(3, 7)
+    with torch.no_grad():
+        _, experts = model(x, return_experts=True)
+    for h in hooks:
+        h.remove()
+    assert experts.shape == (3, 7, 2, 2) and experts.dtype == torch.long
+    for layer, lg in enumerate(router_logits):
+        want = torch.topk(torch.softmax(lg.float(), -1), 2, dim=-1).indices.view(3, 7, 2)
+        assert torch.equal(experts[:, :, layer], want)
+    assert build_model(small_cfg(), seed=0)(x, return_experts=True)[1] is None
+
+
+def test_replay_own_experts_is_identical_and_trains_the_router():
+    model = build_model(small_cfg(moe=True), seed=0)
+    x = ids(2, 8)
+    logits, experts = model(x, return_experts=True)
+    replayed = model(x, replay_experts=experts)
+    assert torch.equal(logits, replayed)
+    replayed.logsumexp(-1).sum().backward()
+    for layer in model.model.layers:
+        assert layer.mlp.gate.weight.grad.abs().sum() > 0
+    other = (experts + 1) % model.config.num_experts
+    assert not torch.allclose(model(x, replay_experts=other), logits, atol=1e-3)
+
+
+def test_replay_errors_are_clear():
+    x = ids(2, 5)
+    with pytest.raises(ValueError, match="dense"):
+        build_model(small_cfg(), seed=0)(x, replay_experts=torch.zeros(2, 5, 2, 2, dtype=torch.long))
+    moe = build_model(small_cfg(moe=True), seed=0)
+    with pytest.raises(ValueError, match=r"expected \[B, T, layers, k\]"):
+        moe(x, replay_experts=torch.zeros(2, 5, 2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="outside"):
+        moe(x, replay_experts=torch.full((2, 5, 2, 2), 4))
+
+
+# ------------------------------------------------------------------ build, presets, dtypes
+
+
+def test_build_is_seeded_and_respects_dtype_and_tying():
+    a, b = build_model(preset("tiny"), seed=7), build_model(preset("tiny"), seed=7)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    cfg = preset("tiny-moe").model_copy(update={"dtype": "bfloat16"})
+    m = build_model(cfg, seed=0)
+    assert m.lm_head.weight is m.model.embed_tokens.weight
+    assert m.model.layers[0].mlp.experts.gate_up_proj.dtype == torch.bfloat16
+    assert m(ids(1, 5, vocab=260)).dtype == torch.float32
+    with pytest.raises(ValueError, match="tiny-moe"):
+        preset("huge")
+
+
+# ------------------------------------------------------------------ checkpoint formats
+
+
+def test_save_is_atomic_and_replaces(tmp_path):
+    model = build_model(small_cfg(moe=True), seed=0)
+    save_pretrained(model, tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "stale.txt").write_text("old")
+    save_pretrained(model, tmp_path / "ckpt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert (tmp_path / "ckpt" / COMPLETE_MARKER).is_file()
+    assert not (tmp_path / "ckpt" / "stale.txt").exists()
+    loaded = from_pretrained(tmp_path / "ckpt", dtype=torch.bfloat16)
+    assert loaded.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    x = ids()
+    assert torch.allclose(from_pretrained(tmp_path / "ckpt")(x), model(x), atol=0)
+
+
+def test_sharded_and_fused_expert_checkpoints_load(tmp_path):
+    model = build_model(small_cfg(moe=True, tied=False), seed=0)
+    save_pretrained(model, tmp_path / "src")
+    tensors = load_file(tmp_path / "src" / "model.safetensors")
+    sd = model.state_dict()  # rewrite the experts in the fused transformers-5 layout
+    tensors = {n: t for n, t in tensors.items() if not re.search(r"\.experts\.\d+\.", n)}
+    tensors.update({k: v.clone() for k, v in sd.items() if ".mlp.experts." in k})
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    out = tmp_path / "sharded"
+    out.mkdir()
+    (out / "config.json").write_text((tmp_path / "src" / "config.json").read_text())
+    for file, keys in shards.items():
+        save_file({k: tensors[k].contiguous() for k in keys}, out / file)
+    weight_map = {k: f for f, keys in shards.items() for k in keys}
+    (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    x = ids()
+    assert torch.equal(from_pretrained(out)(x), model(x))
+
+
+# ------------------------------------------------------------------ checkpoint errors
+
+
+@pytest.fixture
+def ckpt(tmp_path) -> Path:
+    save_pretrained(build_model(small_cfg(moe=True), seed=0), tmp_path / "ckpt")
+    return tmp_path / "ckpt"
+
+
+def edit_tensors(folder: Path, fn) -> None:
+    path = folder / "model.safetensors"
+    tensors = fn(load_file(path))
+    save_file(tensors, path)
+
+
+def rewrite_config(folder: Path, **changes) -> None:
+    d = json.loads((folder / "config.json").read_text())
+    d.update(changes)
+    (folder / "config.json").write_text(json.dumps(d))
+
+
+def truncate(path: Path, size: int) -> None:
+    path.write_bytes(path.read_bytes()[:size])
+
+
+def drop(tensors: dict, name: str) -> dict:
+    return {k: v for k, v in tensors.items() if k != name}
+
+
+ERRORS = {
+    "folder missing": (lambda f: f.rename(f.with_name("moved")), "does not exist"),
+    "config missing": (lambda f: (f / "config.json").unlink(), "config.json is missing"),
+    "config not json": (lambda f: (f / "config.json").write_text("{oops"), "not valid JSON"),
+    "model_type": (lambda f: rewrite_config(f, model_type="llama"), "'llama' is not supported"),
+    "rope scaling": (lambda f: rewrite_config(f, rope_parameters={"rope_type": "yarn", "factor": 4.0}),
+                     "RoPE scaling"),
+    "weights missing": (lambda f: (f / "model.safetensors").unlink(), "no model.safetensors"),
+    "truncated": (lambda f: truncate(f / "model.safetensors", 999), "truncated or corrupt"),
+    "corrupt": (lambda f: (f / "model.safetensors").write_bytes(b"\x10" + b"\x00" * 7 + b"not json" * 3),
+                "truncated or corrupt"),
+    "missing tensor": (lambda f: edit_tensors(f, lambda t: drop(t, "model.layers.1.mlp.gate.weight")),
+                       r"missing 1 \['model.layers.1.mlp.gate.weight'\]"),
+    "unexpected tensor": (lambda f: edit_tensors(f, lambda t: {**t, "model.extra.weight": torch.ones(2)}),
+                          r"unexpected 1 \['model.extra.weight'\]"),
+    "wrong layers": (lambda f: rewrite_config(f, num_hidden_layers=3), "missing"),
+    "shape": (lambda f: edit_tensors(f, lambda t: {**t, "model.norm.weight": torch.ones(7)}),
+              r"model.norm.weight .* shape \[7\], config.json implies \[32\]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ERRORS))
+def test_checkpoint_errors_name_what_to_fix(ckpt, case):
+    damage, message = ERRORS[case]
+    damage(ckpt)
+    with pytest.raises(CheckpointError, match=message):
+        from_pretrained(ckpt)

@@ -1,0 +1,169 @@
+"""Mid-training: corpus files, packing, the LR schedule, a short run that learns, the cache."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from tidal.config import TidalConfig
+from tidal.model import ByteTokenizer, from_pretrained
+from tidal.pretrain import cache as cache_mod
+from tidal.pretrain.cache import cache_key, cached_pretrained
+from tidal.pretrain.config import PretrainConfig
+from tidal.pretrain.corpus import CorpusError, load_corpus, pack
+from tidal.pretrain.loop import lr_at, pretrain, torch_threads
+
+TOK = ByteTokenizer()
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: one thread avoids OpenMP spin-waiting on a busy 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny_cfg(tmp_path, **pretrain):
+    return TidalConfig.model_validate({
+        "model": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=16, max_position_embeddings=64),
+        "engine": dict(max_seq_len=64, max_new_tokens=16),
+        "pretrain": {**dict(seq_len=32, batch_size=8, max_steps=30, warmup_steps=3, lr=1e-2, log_every=5,
+                            cache_dir=str(tmp_path / "cache")), **pretrain},
+    })
+
+
+# ---------------------------------------------------------------- corpus files
+
+
+def test_load_corpus_reads_jsonl_lines_and_whole_text_files(tmp_path):
+    j = tmp_path / "a.jsonl"
+    j.write_text('{"text": "def f():\\n    return 1\\n"}\n\n{"text": "x = 2", "id": 7}\n')
+    t = tmp_path / "b.txt"
+    t.write_text("def g():\n    pass\n\n\ndef h():\n    pass\n")
+    assert load_corpus([j, t]) == ["def f():\n    return 1\n", "x = 2", t.read_text()]
+
+
+def test_load_corpus_errors_name_the_file_and_line(tmp_path):
+    with pytest.raises(CorpusError, match="not found: .*missing.jsonl"):
+        load_corpus([tmp_path / "missing.jsonl"])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{not json\n')
+    with pytest.raises(CorpusError, match=r"bad.jsonl:2: not valid JSON"):
+        load_corpus([bad])
+    no_text = tmp_path / "no_text.jsonl"
+    no_text.write_text('{"text": "ok"}\n{"content": "x"}\n')
+    with pytest.raises(CorpusError, match=r'no_text.jsonl:2: .*"text"'):
+        load_corpus([no_text])
+    with pytest.raises(CorpusError, match="pretrain.corpus"):
+        load_corpus([])
+
+
+# ---------------------------------------------------------------- packing
+
+
+def test_pack_wraps_docs_in_bos_eos_and_drops_the_ragged_tail():
+    rows = pack(["ab", "c"], TOK, 3)  # stream: bos a b eos bos c eos -> 7 tokens, 2 rows
+    b, e = TOK.bos_id, TOK.eos_id
+    assert rows.dtype == torch.long
+    assert rows.tolist() == [[b, 97, 98], [e, b, 99]]
+
+
+def test_pack_byte_fast_path_matches_the_generic_tokenizer_path():
+    class Generic:  # any tokenizer with encode/bos/eos takes the generic path
+        bos_id, eos_id = TOK.bos_id, TOK.eos_id
+        encode = staticmethod(TOK.encode)
+
+    docs = ["héllo wörld", "", "def f(x):\n    return x * 2\n", "🙂"] * 5
+    assert torch.equal(pack(docs, TOK, 16), pack(docs, Generic(), 16))
+
+
+def test_pack_refuses_a_corpus_shorter_than_one_row():
+    with pytest.raises(CorpusError, match="seq_len"):
+        pack(["ab"], TOK, 16)
+
+
+# ---------------------------------------------------------------- schedule
+
+
+def test_lr_warms_up_then_decays_to_ten_percent_by_steps_or_by_time():
+    pc = PretrainConfig(lr=1.0, warmup_steps=4, max_steps=104, time_budget_s=100.0)
+    assert [lr_at(pc, s, 0.0) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_at(pc, 4, 0.0) == pytest.approx(1.0)
+    assert lr_at(pc, 54, 0.0) == pytest.approx(0.55)  # half-way: 0.1 + 0.9 * 0.5
+    assert lr_at(pc, 104, 0.0) == pytest.approx(0.1)
+    # time-limited: at 90% of the budget the LR is near the floor even though few steps ran
+    assert lr_at(pc, 10, 90.0) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(0.9 * math.pi)))
+    assert lr_at(pc, 10, 100.0) == pytest.approx(0.1)
+
+
+# ---------------------------------------------------------------- the loop and the cache
+
+
+DOCS = ["def add(a, b):\n    return a + b\n", "def mul(a, b):\n    return a * b\n"] * 40
+
+
+def test_short_pretrain_on_repeated_text_lowers_the_loss(tmp_path):
+    cfg = tiny_cfg(tmp_path)
+    path = pretrain(cfg, tmp_path / "out", docs=DOCS, progress=False)
+    assert path == tmp_path / "out" / "model"
+    lines = [json.loads(x) for x in (tmp_path / "out" / "pretrain_metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [5, 10, 15, 20, 25, 30]
+    assert set(lines[0]) == {"step", "loss", "lr", "tokens_per_s", "elapsed_s"}
+    assert lines[0]["loss"] > 4.0  # ~ln(260) = 5.56 at init
+    assert lines[-1]["loss"] < lines[0]["loss"] - 1.5
+    model = from_pretrained(path)
+    assert model.config.hidden_size == 32
+    assert (path / "tidal_tokenizer.txt").is_file()
+
+
+def test_time_budget_stops_the_run(tmp_path):
+    cfg = tiny_cfg(tmp_path, max_steps=10_000, time_budget_s=0.5, warmup_steps=0)
+    pretrain(cfg, tmp_path / "out", docs=DOCS, progress=False)
+    last = json.loads((tmp_path / "out" / "pretrain_metrics.jsonl").read_text().splitlines()[-1])
+    assert last["step"] < 10_000 and 0.5 <= last["elapsed_s"] < 5
+    assert last["lr"] < 0.25 * cfg.pretrain.lr  # annealed against the clock
+
+
+def test_thread_count_is_restored():
+    with torch_threads(2):
+        assert torch.get_num_threads() == 2
+    assert torch.get_num_threads() == 1
+    with torch_threads(0):
+        assert torch.get_num_threads() == 1
+
+
+def test_cache_pretrains_once_then_reuses(tmp_path, monkeypatch):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
+    cfg = tiny_cfg(tmp_path, corpus=[str(corpus)], max_steps=3, warmup_steps=1)
+    first = cached_pretrained(cfg, progress=False)
+    assert first.parent.name == cache_key(cfg) and (first.parent / "tidal_config.json").is_file()
+    assert [p.name for p in first.parent.parent.iterdir()] == [cache_key(cfg)]  # no staging left
+
+    def must_not_run(*a, **k):
+        raise AssertionError("pretrain ran although a cached model exists")
+
+    monkeypatch.setattr(cache_mod, "pretrain", must_not_run)
+    assert cached_pretrained(cfg, progress=False) == first
+    # logging cadence and cache location do not change the weights; lr and the seed do
+    assert cache_key(tiny_cfg(tmp_path, corpus=[str(corpus)], max_steps=3, warmup_steps=1, log_every=1)) == cache_key(cfg)
+    assert cache_key(tiny_cfg(tmp_path, corpus=[str(corpus)], max_steps=3, warmup_steps=1, lr=1e-3)) != cache_key(cfg)
+    reseeded = cfg.model_copy(update={"orchestrator": cfg.orchestrator.model_copy(update={"seed": 1})})
+    assert cache_key(reseeded) != cache_key(cfg)
+
+
+def test_cache_ignores_a_crashed_run(tmp_path, monkeypatch):
+    cfg = tiny_cfg(tmp_path, max_steps=2, warmup_steps=0, corpus_docs=1)
+
+    def crash(cfg, out_dir, **kw):
+        (out_dir / "model").mkdir(parents=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cache_mod, "pretrain", crash)
+    with pytest.raises(KeyboardInterrupt):
+        cached_pretrained(cfg, progress=False)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
