@@ -7,9 +7,13 @@ User errors (a bad config, a missing or corrupt checkpoint) print one clear line
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
+
+# Before torch loads: idle OpenMP threads must not spin on a small machine shared with sandboxes.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _user_errors():
@@ -117,7 +121,7 @@ def cmd_bench(args, rest) -> int:
 
         sizes = tuple(int(b) for b in args.batch_sizes.split(","))
         run_engine_bench(preset=args.preset, batch_sizes=sizes, new_tokens=args.new_tokens,
-                         json_path=args.json)
+                         json_path=args.json, runs=args.runs, threads=args.threads)
     return 0
 
 
@@ -148,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--preset", default="tiny", help="model preset (tiny, tiny-moe, small)")
     b.add_argument("--batch-sizes", default="1,16,64")
     b.add_argument("--new-tokens", type=int, default=64)
+    b.add_argument("--runs", type=int, default=3, help="timed runs per side (median reported)")
+    b.add_argument("--threads", type=int, default=1,
+                   help="torch threads for both sides (default 1: tiny matmuls on shared cores "
+                        "spin-wait with more)")
     b.add_argument("--json", help="write results here")
     b.set_defaults(fn=cmd_bench)
     return p

@@ -14,7 +14,7 @@ class EngineConfig(Section):
     """Sampling temperature; 0 = greedy. Logprobs are of the distribution actually sampled."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass (1.0 = off)."""
-    max_new_tokens: int = Field(48, ge=1)
+    max_new_tokens: int = Field(96, ge=1)
     """Completion length cap per request, in tokens."""
     stop: list[str] = ["\n\n"]
     """Stop strings: generation ends once the decoded completion contains one (kept in output)."""

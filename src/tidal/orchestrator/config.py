@@ -26,5 +26,7 @@ class OrchestratorConfig(Section):
     """Measure held-out pass@1 every this many steps (0 = only before and after)."""
     checkpoint_every: int = Field(50, ge=0)
     """Save a resumable checkpoint every this many steps (0 = only at the end)."""
+    num_threads: int = Field(0, ge=0)
+    """torch CPU threads for the RL loop (engine and trainer); 0 = torch's default (one per core)."""
     max_staleness: int = Field(0, ge=0)
     """Largest trainer-version minus rollout-version allowed in a trained batch (0 = synchronous)."""

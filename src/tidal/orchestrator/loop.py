@@ -48,6 +48,8 @@ def build_components(cfg: TidalConfig, init_checkpoint: str | Path):
     from tidal.trainer.trainer import Trainer
 
     torch.manual_seed(cfg.orchestrator.seed)
+    if cfg.orchestrator.num_threads:
+        torch.set_num_threads(cfg.orchestrator.num_threads)
     policy = from_pretrained(init_checkpoint, dtype=torch.float32)
     serving = from_pretrained(init_checkpoint, dtype=getattr(torch, cfg.model.dtype))
     tokenizer = load_tokenizer(init_checkpoint)

@@ -17,7 +17,7 @@ class EnvConfig(Section):
     """1 in this many task specs (by a hash of the spec) is held out; never seen in training."""
     num_tests: int = Field(6, ge=1)
     """Hidden test cases per task."""
-    num_examples: int = Field(2, ge=0)
+    num_examples: int = Field(1, ge=0)
     """Input/output examples shown in the prompt (beside the description)."""
     corpus_bug_rate: float = Field(0.3, ge=0.0, lt=1.0)
     """Mid-training corpus realism: the chance that each line of a corpus solution carries a

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 # (name, phrase, code line(s) acting on x, needs_constant, python semantics)
-# Code lines are indented one level inside ``def f(x):``; a conditional op spans two lines.
+# Code lines are indented one level inside ``def f(x):``; a conditional is a one-line ``if``.
 Op = tuple[str, str, str, bool, Callable[[int, int], int]]
 
 OPS: list[Op] = [
@@ -41,9 +41,9 @@ OPS: list[Op] = [
     ("neg", "negate it", "x = -x", False, lambda x, c: -x),
     ("abs", "take its absolute value", "x = abs(x)", False, lambda x, c: abs(x)),
     ("sq", "square it", "x = x * x", False, lambda x, c: x * x),
-    ("halve_even", "halve it if it is even", "if x % 2 == 0:\n        x = x // 2", False,
+    ("halve_even", "halve it if it is even", "if x % 2 == 0: x = x // 2", False,
      lambda x, c: x // 2 if x % 2 == 0 else x),
-    ("add_odd", "add {c} if it is odd", "if x % 2 == 1:\n        x = x + {c}", True,
+    ("add_odd", "add {c} if it is odd", "if x % 2 == 1: x = x + {c}", True,
      lambda x, c: x + c if x % 2 == 1 else x),
 ]
 OP_BY_NAME = {op[0]: op for op in OPS}
@@ -87,8 +87,12 @@ def is_heldout(spec: tuple[tuple[str, int], ...], buckets: int) -> bool:
     return int.from_bytes(digest[:8], "big") % buckets == 0
 
 
+NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+
+
 def describe(spec: tuple[tuple[str, int], ...]) -> str:
-    phrases = [OP_BY_NAME[n][1].format(c=c) for n, c in spec]
+    """The intent in words; constants are spelled out ("add three"), as a person would say them."""
+    phrases = [OP_BY_NAME[n][1].format(c=NUMBER_WORDS[c]) for n, c in spec]
     text = ", then ".join(phrases)
     return text[0].upper() + text[1:] + "."
 

@@ -1,0 +1,20 @@
+"""Test-wide settings: one torch thread and passive OpenMP waiting.
+
+The tests run tiny models whose matmuls take microseconds; on a 2-core machine shared with the
+sandbox subprocesses, a second OpenMP thread spin-waits and makes steps 2-10x slower.
+"""
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
