@@ -13,7 +13,7 @@ import torch
 from tidal.engine.config import EngineConfig
 from tidal.engine.engine import Engine
 from tidal.engine.request import GenerationRequest
-from tidal.engine.sampling import sample
+from tidal.engine.sampling import greedy, sample
 from tidal.model.presets import preset
 from tidal.model.qwen3 import build_model
 from tidal.model.tokenizer import ByteTokenizer
@@ -48,7 +48,8 @@ def moe():
 
 
 def engine_for(model, tokenizer=TOK, **overrides) -> Engine:
-    cfg = {"max_batch_size": 4, "max_seq_len": 64, "temperature": 0.0, "stop": [], **overrides}
+    cfg = {"max_batch_size": 4, "max_seq_len": 64, "max_new_tokens": 32, "temperature": 0.0,
+           "stop": [], **overrides}
     return Engine(model, tokenizer, EngineConfig(**cfg))
 
 
@@ -124,6 +125,33 @@ def test_requests_join_and_leave_mid_flight(dense):
         i = r.tag
         assert r.token_ids == naive_greedy(dense, prompts[i], lengths[i]), f"request {i}"
         assert len(r.logprobs) == len(r.versions) == lengths[i]
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-moe"])
+def test_slots_stay_compact_as_requests_finish_out_of_order(name, dense, moe):
+    """Four slots, eight requests whose lengths make them finish in a scrambled order. Each
+    retirement leaves a hole that a later sequence is moved into (its KV cache, tokens and, for
+    MoE, recorded experts move with it) and new requests queue in behind; the running sequences
+    always occupy slots 0..n-1 (the cache is read as a view, never gathered), and every result
+    still equals its own full-forward greedy run."""
+    model = dense if name == "tiny" else moe
+    engine = engine_for(model)
+    lengths = [9, 2, 6, 3, 7, 1, 5, 4]
+    prompts = PROMPTS + [TOK.encode(s) for s in ("ab", "return x", "while 1:", "z = [")]
+    for i, n in enumerate(lengths):
+        engine.submit(GenerationRequest(prompts[i], max_new_tokens=n, ignore_eos=True, tag=i))
+    results = []
+    while engine.has_work:
+        results += engine.step()
+        assert sorted(engine._running) == list(range(len(engine._running)))
+    assert sorted(r.tag for r in results) == list(range(8))
+    for r in results:
+        assert r.token_ids == naive_greedy(model, r.prompt_ids, lengths[r.tag]), f"request {r.tag}"
+        if name == "tiny-moe":
+            with torch.inference_mode():
+                _, full = model(torch.tensor([r.prompt_ids + r.token_ids[:-1]]), return_experts=True)
+            expected = full[0, len(r.prompt_ids) - 1 :]
+            assert torch.equal(torch.tensor(r.experts).sort(-1).values, expected.sort(-1).values)
 
 
 def test_generate_leaves_other_requests_to_step(dense):
@@ -236,6 +264,10 @@ def test_sample_nucleus_and_greedy_rows():
     tokens, _ = sample(probs.log().expand(n, 4), torch.ones(n), torch.ones(n), gen)
     freq = torch.bincount(tokens, minlength=4) / n
     torch.testing.assert_close(freq, probs, atol=0.03, rtol=0)
+    # the all-greedy shortcut is sample() at T = 0, tokens and logprobs alike
+    scores = torch.randn(5, 11, generator=gen)
+    sampled = sample(scores, torch.zeros(5), torch.ones(5), gen)
+    assert all(torch.equal(a, b) for a, b in zip(greedy(scores), sampled))
     # a token of zero probability is never drawn, even at the top of the CDF
     zero_tail = torch.tensor([[0.0, 1.0, -math.inf]]).expand(n, 3)
     tokens, _ = sample(zero_tail, torch.ones(n), torch.ones(n), gen)

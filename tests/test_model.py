@@ -1,18 +1,22 @@
 """The model against transformers' Qwen3 / Qwen3-MoE, the KV cache against a full forward, MoE
 capture and replay, and checkpoint I/O including every error a user can cause."""
 
+import copy
 import json
+import pickle
 import re
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from tidal.model import (
     CheckpointError, KVCache, ModelConfig, build_model, from_pretrained, preset, save_pretrained,
 )
 from tidal.model.checkpoint import COMPLETE_MARKER, config_from_hf, config_to_hf
+from tidal.model.packed_linear import PackedLinear
 
 transformers = pytest.importorskip("transformers")
 
@@ -151,6 +155,106 @@ def test_cached_prefill_and_decode_match_full_forward(moe):
         lens = [n + 1 for n in lens]
 
 
+def test_cache_fast_paths_match_full_forward():
+    """Slots given as a range (cache rows read as views, no gather) through every case the
+    cached forward plans differently: a fresh prefill of equal prompts (causal over the new keys),
+    a chunk continuing all rows at the same positions (masked), decode at one position (no mask),
+    a chunk where one row is padding, and decode at different positions."""
+    model = build_model(small_cfg(), seed=0).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    seqs = ids(3, 12, seed=7)
+    with torch.no_grad():
+        full = model(seqs)
+    cache = KVCache.for_model(model.config, num_slots=5, max_len=16)
+    slots = range(1, 4)
+
+    def feed(start: int, width: int, idle_rows=()):
+        pos = torch.arange(start, start + width).expand(3, width).clone()
+        pos[list(idle_rows)] = -1
+        logits = run_cached(model, cache, seqs[:, start : start + width], pos, slots)[0]
+        for r in set(range(3)) - set(idle_rows):
+            torch.testing.assert_close(logits[r], full[r, start : start + width], atol=1e-5, rtol=0)
+
+    feed(0, 4)  # fresh prefill
+    feed(4, 3)  # chunk at 4..6
+    feed(7, 1)  # decode, one position
+    feed(8, 2, idle_rows=[2])  # row 2 is padding: written nowhere
+    pos = torch.tensor([[10], [10], [8]])  # decode at different positions
+    tok = seqs.gather(1, pos)
+    logits = run_cached(model, cache, tok, pos, slots)[0]
+    torch.testing.assert_close(logits[:, 0], full[torch.arange(3), pos[:, 0]], atol=1e-5, rtol=0)
+    assert not cache.k[0][0].any() and not cache.k[0][4].any(), "rows outside the slots stay empty"
+
+
+def test_logits_at_selects_one_column_per_row():
+    model = build_model(small_cfg(), seed=0).eval()
+    x, at = ids(3, 9), torch.tensor([8, 0, 4])
+    with torch.no_grad():
+        full = model(x)[torch.arange(3), at]
+        torch.testing.assert_close(model(x, logits_at=at), full, atol=1e-6, rtol=0)
+        cache = KVCache.for_model(model.config, num_slots=3, max_len=9)
+        cached = model(x, positions=torch.arange(9).expand(3, 9), cache=cache, slots=range(3),
+                       logits_at=at)
+    torch.testing.assert_close(cached, full, atol=1e-5, rtol=0)
+
+
+def test_cached_forward_follows_weight_updates():
+    """The cached forward's fused weights are derived copies: every way parameters change (an
+    in-place load, an optimizer-style in-place update, a load that replaces tensors, a dtype
+    cast) must reach it, or the engine would sample from stale weights."""
+    model, other = build_model(small_cfg(), seed=0).eval(), build_model(small_cfg(), seed=1).eval()
+    x = ids(2, 6)
+
+    def cached(m):
+        cache = KVCache.for_model(m.config, num_slots=2, max_len=6, dtype=m.lm_head.weight.dtype)
+        with torch.no_grad():
+            return m(x, positions=torch.arange(6).expand(2, 6), cache=cache, slots=range(2))
+
+    def agrees(m, atol=1e-5):
+        with torch.no_grad():
+            torch.testing.assert_close(cached(m), m(x), atol=atol, rtol=0)
+
+    agrees(model)
+    model.load_state_dict(other.state_dict())
+    agrees(model)
+    torch.testing.assert_close(cached(model), cached(other), atol=1e-6, rtol=0)
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight.mul_(3.0)
+        model.model.layers[0].input_layernorm.weight.add_(0.5)
+    agrees(model)
+    model.load_state_dict({k: v.clone() * 1.5 for k, v in other.state_dict().items()}, assign=True)
+    agrees(model)
+    model.tie_weights()
+    agrees(model)
+    agrees(model.to(torch.bfloat16), atol=5e-2)  # bf16: norms unfolded, RMSNorm's exact form
+
+
+def test_a_serving_model_still_deep_copies_and_pickles():
+    """The serving weights hold oneDNN tensors, which cannot be serialised; copies leave them out
+    and rebuild them."""
+    model = build_model(small_cfg(), seed=0).eval()
+    x, pos = ids(2, 5), torch.arange(5).expand(2, 5)
+
+    def cached(m):
+        with torch.no_grad():
+            return m(x, positions=pos, cache=KVCache.for_model(m.config, 2, 5), slots=range(2))
+
+    before = cached(model)
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert torch.equal(cached(clone), before)
+
+
+def test_packed_linear_matches_linear():
+    w = torch.randn(256, 128)
+    layer = PackedLinear(w)
+    assert (layer.packed is not None) == torch.backends.mkldnn.is_available()
+    for rows in (1, 64):  # one row stays on F.linear, 64 rows take oneDNN (where available)
+        x = torch.randn(rows, 3, 128)
+        torch.testing.assert_close(layer(x), F.linear(x, w), atol=1e-4, rtol=1e-5)
+
+
 def test_cache_errors_are_clear():
     model = build_model(small_cfg(), seed=0)
     cache = KVCache.for_model(model.config, num_slots=2, max_len=8)
@@ -159,8 +263,12 @@ def test_cache_errors_are_clear():
         model(x, cache=cache)
     with pytest.raises(ValueError, match="slots must lie"):
         model(x, cache=cache, slots=torch.tensor([5]))
+    with pytest.raises(ValueError, match="consecutive slots"):
+        model(x, cache=cache, slots=range(1, 3))
     with pytest.raises(ValueError, match="max_len 8"):
         model(x, positions=torch.arange(6, 10)[None], cache=cache, slots=torch.tensor([0]))
+    with pytest.raises(RuntimeError, match="inference-only"):
+        model(x, cache=cache, slots=range(1))
 
 
 # ------------------------------------------------------------------ MoE capture and replay

@@ -120,8 +120,9 @@ def cmd_bench(args, rest) -> int:
         from tidal.bench.engine_bench import run_engine_bench
 
         sizes = tuple(int(b) for b in args.batch_sizes.split(","))
+        given = {k: v for k, v in (("runs", args.runs), ("threads", args.threads)) if v is not None}
         run_engine_bench(preset=args.preset, batch_sizes=sizes, new_tokens=args.new_tokens,
-                         json_path=args.json, runs=args.runs, threads=args.threads)
+                         json_path=args.json, **given)
     return 0
 
 
@@ -152,8 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--preset", default="tiny", help="model preset (tiny, tiny-moe, small)")
     b.add_argument("--batch-sizes", default="1,16,64")
     b.add_argument("--new-tokens", type=int, default=64)
-    b.add_argument("--runs", type=int, default=3, help="timed runs per side (median reported)")
-    b.add_argument("--threads", type=int, default=1,
+    b.add_argument("--runs", type=int, help="timed runs per side, median reported (default 3)")
+    b.add_argument("--threads", type=int,
                    help="torch threads for both sides (default 1: tiny matmuls on shared cores "
                         "spin-wait with more)")
     b.add_argument("--json", help="write results here")

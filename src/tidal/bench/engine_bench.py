@@ -1,6 +1,7 @@
 """Decode throughput of tidal's Engine against transformers' ``generate`` on the same weights.
 
     python -m tidal.bench.engine_bench --preset tiny --batch-sizes 1 16 64 --json engine.json
+    tidal bench engine --batch-sizes 1,16,64 --threads 1 --runs 3     # the same, from the CLI
 
 One model is built from a preset with a fixed seed, saved with ``save_pretrained`` and loaded
 back by ``AutoModelForCausalLM`` (fp32, eval), so both sides run identical weights. Per batch
@@ -10,6 +11,12 @@ After a warm-up, runs alternate between the two (the machine is shared and noisy
 median of ``runs`` is reported. Only generated tokens count. ``greedy_match`` is the fraction
 of sequences whose tokens agree exactly; it is informational (float order differs, so
 near-ties may flip), not a pass/fail.
+
+Threads: both sides run with the same torch intra-op thread count, 1 by default. The tiny
+preset's matmuls take microseconds; with 2 OpenMP threads on this 2-core machine, shared with
+other jobs, a thread waiting for a descheduled sibling spin-waits and makes every op several
+times slower and the timings erratic, for both sides alike. ``--threads`` overrides it. The
+table names the thread count and the torch and transformers versions measured.
 """
 
 from __future__ import annotations
@@ -22,15 +29,23 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
+# Before torch loads (when run as a module): idle OpenMP threads sleep instead of spinning.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from tidal.engine.config import EngineConfig
-from tidal.engine.engine import Engine
-from tidal.engine.request import GenerationRequest
-from tidal.model.checkpoint import save_pretrained
-from tidal.model.presets import preset as model_preset
-from tidal.model.qwen3 import build_model
-from tidal.model.tokenizer import ByteTokenizer
+import torch  # noqa: E402
+
+from tidal.engine.config import EngineConfig  # noqa: E402
+from tidal.engine.engine import Engine  # noqa: E402
+from tidal.engine.request import GenerationRequest  # noqa: E402
+from tidal.model.checkpoint import save_pretrained  # noqa: E402
+from tidal.model.presets import preset as model_preset  # noqa: E402
+from tidal.model.qwen3 import build_model  # noqa: E402
+from tidal.model.tokenizer import ByteTokenizer  # noqa: E402
+
+DEFAULT_THREADS = 1
+"""Torch threads for both sides unless told otherwise (see the module docstring for why)."""
+DEFAULT_RUNS = 3
+"""Timed runs per side and batch size; the median is reported."""
 
 
 def run_engine_bench(
@@ -39,18 +54,20 @@ def run_engine_bench(
     new_tokens: int = 64,
     json_path: str | Path | None = None,
     prompt_len: int = 16,
-    runs: int = 3,
+    runs: int = DEFAULT_RUNS,
     seed: int = 0,
-    threads: int | None = None,
+    threads: int | None = DEFAULT_THREADS,
 ) -> dict:
     """Measure decode tokens/s of both engines per batch size; print a table; return (and
-    optionally write) ``{"preset", "new_tokens", "prompt_len", "threads", "rows": [{batch,
-    tidal_tok_s, hf_tok_s, ratio, greedy_match}]}``.
+    optionally write) ``{"preset", "new_tokens", "prompt_len", "runs", "threads", "torch",
+    "transformers", "rows": [{batch, tidal_tok_s, hf_tok_s, ratio, greedy_match}]}``.
 
-    threads: torch intra-op threads for both sides during the run (None = leave torch's
-    setting). On a shared machine 1 is the stable choice: OpenMP threads that wait for a
-    descheduled sibling make tiny matmuls many times slower, for both sides alike.
+    runs: timed runs per side and batch size (alternating; the median counts), >= 1.
+    threads: torch intra-op threads for both sides during the run (default 1, see the module
+    docstring; None = leave torch's setting).
     """
+    if runs < 1:
+        raise ValueError(f"runs must be >= 1, got {runs}")
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -61,6 +78,7 @@ def run_engine_bench(
 
 
 def _run(preset, batch_sizes, new_tokens, json_path, prompt_len, runs, seed) -> dict:
+    import transformers
     from transformers import AutoModelForCausalLM
 
     model = build_model(model_preset(preset), seed=seed).float().eval()
@@ -107,8 +125,9 @@ def _run(preset, batch_sizes, new_tokens, json_path, prompt_len, runs, seed) -> 
         })
 
     result = {
-        "preset": preset, "new_tokens": new_tokens, "prompt_len": prompt_len,
-        "threads": torch.get_num_threads(), "rows": rows,
+        "preset": preset, "new_tokens": new_tokens, "prompt_len": prompt_len, "runs": runs,
+        "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "transformers": transformers.__version__, "rows": rows,
     }
     _print_table(result)
     if json_path is not None:
@@ -128,8 +147,11 @@ def _print_table(result: dict) -> None:
 
     table = Table(title=(
         f"engine decode, preset {result['preset']}, {result['prompt_len']} prompt + "
-        f"{result['new_tokens']} new tokens, greedy, {result['threads']} thread(s) "
+        f"{result['new_tokens']} new tokens, greedy, median of {result['runs']} runs "
         f"(peer: transformers generate)"
+    ), caption=(
+        f"{result['threads']} torch thread(s), torch {result['torch']}, "
+        f"transformers {result['transformers']}"
     ))
     for col in ("batch", "tidal tok/s", "HF tok/s", "ratio", "greedy match"):
         table.add_column(col, justify="right")
@@ -153,10 +175,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--preset", default="tiny")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                   help="torch threads for both sides (default 1: see the module docstring)")
+    p.add_argument("--runs", type=int, default=DEFAULT_RUNS,
+                   help="timed runs per side, median reported")
     p.add_argument("--json", default=None, help="write the results here")
     a = p.parse_args(argv)
-    run_engine_bench(a.preset, tuple(a.batch_sizes), a.new_tokens, a.json, threads=a.threads)
+    run_engine_bench(a.preset, tuple(a.batch_sizes), a.new_tokens, a.json, runs=a.runs,
+                     threads=a.threads)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,12 @@ One ``step()``:
   3. retire finished sequences: eos, a stop string in the decoded tail, max_new_tokens, or the
      slot is full (``max_seq_len`` tokens). Their slots are free for the next step.
 
+Slots: the n running sequences always occupy slots 0..n-1 (admission appends, retirement moves
+the highest sequences into the holes: ``_compact``). So a batch's cache rows and per-slot state
+are plain slices: the model reads each layer's cached keys/values as a view instead of gathering
+[B, kv_heads, kv_len, D] per layer per step (the biggest avoidable copy of a decode step), and the
+bookkeeping indexes with slices. A move copies one slot's cache rows once, not every step.
+
 Per-slot state lives in preallocated tensors ([slots, max_seq_len] tokens, logprobs, versions,
 experts) so a decode step does a handful of batched tensor ops and no per-token Python work,
 except decoding the tail of sequences that have stop strings.
@@ -32,7 +38,7 @@ from torch import nn
 
 from tidal.engine.config import EngineConfig
 from tidal.engine.request import FinishReason, GenerationRequest, GenerationResult
-from tidal.engine.sampling import sample
+from tidal.engine.sampling import greedy, sample
 from tidal.model.kv_cache import KVCache
 
 
@@ -46,18 +52,34 @@ class _Sequence:
     stop: list[str]
     tail_tokens: int
     """Completion tokens decoded to look for a stop string: longest stop string + slack."""
+    limit: int  # sequence length at which the slot stops ("length")
+    temperature: float
+    top_p: float
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def stop_on_eos(self) -> bool:
+        return not self.request.ignore_eos
 
 
 @dataclass
 class _Batch:
-    """Per-slot values gathered for the running set; rebuilt only when the set changes."""
+    """The rows of the per-slot state (views) and settings of a consecutive run of slots; the
+    decode batch is rebuilt only when the running set changes."""
 
-    slots: torch.Tensor  # [B] int64, ascending
-    slot_list: list[int]
+    slots: range  # consecutive (running sequences are kept in slots 0..n-1)
+    tokens: torch.Tensor  # [B, max_seq_len] view of the slots' rows of the engine's state
+    logprobs: torch.Tensor  # [B, max_seq_len] view
+    versions: torch.Tensor  # [B, max_seq_len] view
+    length: torch.Tensor  # [B] view
     temperature: torch.Tensor  # [B]
+    all_greedy: bool  # every row has temperature 0: argmax, no sampling machinery
     top_p: torch.Tensor  # [B]
     limit: torch.Tensor  # [B] sequence length at which the slot stops ("length")
-    stop_on_eos: torch.Tensor  # [B] bool
+    stop_on_eos: torch.Tensor | None  # [B] bool; None when no row stops on eos
     stop_rows: list[int]  # rows (indices into slots) of sequences with stop strings
 
 
@@ -103,8 +125,7 @@ class Engine:
         self._top_p = zeros(slots, dtype=torch.float32)
         self._stop_on_eos = zeros(slots, dtype=torch.bool)
 
-        self._running: dict[int, _Sequence] = {}  # slot -> sequence
-        self._free: list[int] = list(range(slots))
+        self._running: dict[int, _Sequence] = {}  # slot -> sequence; slots are 0..n-1
         self._waiting: deque[tuple[int, GenerationRequest]] = deque()
         self._batch: _Batch | None = None  # None = running set changed, rebuild
         self._next_id = 0
@@ -158,10 +179,9 @@ class Engine:
         self._version = version
         if self.cfg.recompute_kv_on_reload and self._running:
             with torch.inference_mode():
-                slots = sorted(self._running)
                 # Everything but each sequence's newest token, which the next decode step feeds.
-                lengths = [int(self._length[s]) - 1 for s in slots]
-                self._prefill_forward(slots, lengths, want_experts=False)
+                lengths = (self._length[: len(self._running)] - 1).tolist()
+                self._prefill_forward(0, lengths, want_experts=False)
 
     # ---------------------------------------------------------------- one step
 
@@ -175,138 +195,148 @@ class Engine:
             finished += self._decode()
         return finished
 
-    def _admit(self) -> list[int]:
-        """Move waiting requests into free slots (lowest first); returns the slots filled."""
-        admitted = []
-        self._free.sort()
-        while self._waiting and self._free:
-            request_id, req = self._waiting.popleft()
-            slot = self._free.pop(0)
-            self._start(slot, request_id, req)
-            admitted.append(slot)
-        if admitted:
-            self._batch = None
-        return admitted
+    def _admit(self) -> range:
+        """Move waiting requests into the free slots after the running ones; returns the slots
+        filled (consecutive). Their per-slot state is written with one tensor op per field."""
+        first = len(self._running)
+        room = self.cfg.max_batch_size - first
+        taken = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+        slots = range(first, first + len(taken))
+        if not taken:
+            return slots
+        seqs = [self._sequence(request_id, req) for request_id, req in taken]
+        rows = slice(slots.start, slots.stop)
+        width = max(seq.prompt_len for seq in seqs)
+        prompts = [seq.request.prompt_ids + [0] * (width - seq.prompt_len) for seq in seqs]
+        self._tokens[rows, :width] = torch.tensor(prompts)
+        self._length[rows] = torch.tensor([seq.prompt_len for seq in seqs])
+        self._limit[rows] = torch.tensor([seq.limit for seq in seqs])
+        self._temperature[rows] = torch.tensor([seq.temperature for seq in seqs])
+        self._top_p[rows] = torch.tensor([seq.top_p for seq in seqs])
+        self._stop_on_eos[rows] = torch.tensor([seq.stop_on_eos for seq in seqs])
+        self._running.update(zip(slots, seqs))
+        self._batch = None
+        return slots
 
-    def _start(self, slot: int, request_id: int, req: GenerationRequest) -> None:
+    def _sequence(self, request_id: int, req: GenerationRequest) -> _Sequence:
+        """A request's settings, with the engine defaults filled in."""
         cfg = self.cfg
         prompt_len = len(req.prompt_ids)
         max_new = req.max_new_tokens if req.max_new_tokens is not None else cfg.max_new_tokens
         stop = req.stop if req.stop is not None else list(cfg.stop)
-        self._tokens[slot, :prompt_len] = torch.tensor(req.prompt_ids, dtype=torch.long)
-        self._length[slot] = prompt_len
-        self._limit[slot] = min(prompt_len + max_new, cfg.max_seq_len)
-        self._temperature[slot] = req.temperature if req.temperature is not None else cfg.temperature
-        self._top_p[slot] = req.top_p if req.top_p is not None else cfg.top_p
-        self._stop_on_eos[slot] = not req.ignore_eos
-        tail = max((len(s) for s in stop), default=0) + 4
-        self._running[slot] = _Sequence(request_id, req, prompt_len, stop, tail)
-
-    def _prefill(self, slots: list[int]) -> list[GenerationResult]:
-        """Prefill newly admitted sequences and sample each one's first token."""
-        lengths = [self._running[s].prompt_len for s in slots]
-        logits, experts = self._prefill_forward(slots, lengths, want_experts=self.is_moe)
-        index = torch.tensor(slots, device=self.device)
-        tokens, logprobs = sample(logits, self._temperature[index], self._top_p[index], self._generator)
-        stop_rows = [i for i, s in enumerate(slots) if self._running[s].stop]
-        return self._record(
-            index, slots, tokens, logprobs, experts,
-            self._limit[index], self._stop_on_eos[index], stop_rows,
+        return _Sequence(
+            request_id, req, prompt_len, stop,
+            tail_tokens=max((len(s) for s in stop), default=0) + 4,
+            limit=min(prompt_len + max_new, cfg.max_seq_len),
+            temperature=req.temperature if req.temperature is not None else cfg.temperature,
+            top_p=req.top_p if req.top_p is not None else cfg.top_p,
         )
 
+    def _prefill(self, slots: range) -> list[GenerationResult]:
+        """Prefill newly admitted (consecutive) slots and sample each one's first token."""
+        lengths = [self._running[s].prompt_len for s in slots]
+        logits, experts = self._prefill_forward(slots.start, lengths, want_experts=self.is_moe)
+        return self._record(self._make_batch(slots), logits, experts)
+
     def _prefill_forward(
-        self, slots: list[int], lengths: list[int], want_experts: bool
+        self, first_slot: int, lengths: list[int], want_experts: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed ``self._tokens[slot, :length]`` of each slot into the cache, in right-padded
-        groups of at most ``max_prefill_tokens`` padded tokens.
+        """Feed ``self._tokens[slot, :length]`` of slots ``first_slot, first_slot + 1, ...`` into
+        the cache, in right-padded groups of at most ``max_prefill_tokens`` padded tokens.
 
         Returns the logits [n, V] (and experts [n, layers, k] if asked) at each last position.
         """
         last_logits, last_experts = [], []
         for group in _pack(lengths, self.cfg.max_prefill_tokens):
-            group_slots = torch.tensor([slots[i] for i in group], device=self.device)
+            # Groups are consecutive runs of indices, so their slots are a range too.
+            slots = range(first_slot + group[0], first_slot + group[-1] + 1)
             group_len = torch.tensor([lengths[i] for i in group], device=self.device)
-            width = int(group_len.max())
+            width = max(lengths[i] for i in group)
             steps = torch.arange(width, device=self.device)
             positions = torch.where(steps < group_len.unsqueeze(1), steps, -1)  # [n, width]
-            input_ids = self._tokens[group_slots, :width]
+            input_ids = self._tokens[slots.start : slots.stop, :width]
+            last = group_len - 1
             out = self.model(
-                input_ids, positions=positions, cache=self.cache, slots=group_slots,
-                return_experts=want_experts,
+                input_ids, positions=positions, cache=self.cache, slots=slots,
+                return_experts=want_experts, logits_at=last,
             )
             logits, experts = out if want_experts else (out, None)
-            rows = torch.arange(len(group), device=self.device)
-            last_logits.append(logits[rows, group_len - 1])
+            last_logits.append(logits)
             if experts is not None:
-                last_experts.append(experts[rows, group_len - 1])
-        # Groups are consecutive runs of indices, so concatenating keeps the input order.
+                last_experts.append(experts[torch.arange(len(group), device=self.device), last])
         return torch.cat(last_logits), (torch.cat(last_experts) if last_experts else None)
 
     def _decode(self) -> list[GenerationResult]:
         """One token for every running sequence."""
         batch = self._batch or self._build_batch()
-        positions = self._length[batch.slots] - 1  # [B] position of each newest token
-        input_ids = self._tokens[batch.slots, positions]
+        positions = (batch.length - 1).unsqueeze(1)  # [B, 1] position of each newest token
         out = self.model(
-            input_ids.unsqueeze(1), positions=positions.unsqueeze(1), cache=self.cache,
+            batch.tokens.gather(1, positions), positions=positions, cache=self.cache,
             slots=batch.slots, return_experts=self.is_moe,
         )
         logits, experts = out if self.is_moe else (out, None)
-        tokens, logprobs = sample(logits[:, 0], batch.temperature, batch.top_p, self._generator)
-        return self._record(
-            batch.slots, batch.slot_list, tokens, logprobs,
-            experts[:, 0] if experts is not None else None,
-            batch.limit, batch.stop_on_eos, batch.stop_rows,
-        )
+        return self._record(batch, logits[:, 0], experts[:, 0] if experts is not None else None)
 
     def _build_batch(self) -> _Batch:
-        slot_list = sorted(self._running)
-        slots = torch.tensor(slot_list, device=self.device)
-        self._batch = _Batch(
-            slots=slots,
-            slot_list=slot_list,
-            temperature=self._temperature[slots],
-            top_p=self._top_p[slots],
-            limit=self._limit[slots],
-            stop_on_eos=self._stop_on_eos[slots],
-            stop_rows=[i for i, s in enumerate(slot_list) if self._running[s].stop],
-        )
+        self._batch = self._make_batch(range(len(self._running)))
         return self._batch
+
+    def _make_batch(self, slots: range) -> _Batch:
+        """Per-row views of the slot state for consecutive ``slots``."""
+        rows = slice(slots.start, slots.stop)
+        seqs = [self._running[s] for s in slots]
+        return _Batch(
+            slots=slots,
+            tokens=self._tokens[rows],
+            logprobs=self._logprobs[rows],
+            versions=self._versions[rows],
+            length=self._length[rows],
+            temperature=self._temperature[rows],
+            all_greedy=all(seq.greedy for seq in seqs),
+            top_p=self._top_p[rows],
+            limit=self._limit[rows],
+            stop_on_eos=self._stop_on_eos[rows] if any(seq.stop_on_eos for seq in seqs) else None,
+            stop_rows=[i for i, seq in enumerate(seqs) if seq.stop],
+        )
 
     # ---------------------------------------------------------------- bookkeeping
 
     def _record(
-        self,
-        slots: torch.Tensor,
-        slot_list: list[int],
-        tokens: torch.Tensor,
-        logprobs: torch.Tensor,
-        experts: torch.Tensor | None,
-        limit: torch.Tensor,
-        stop_on_eos: torch.Tensor,
-        stop_rows: list[int],
+        self, batch: _Batch, logits: torch.Tensor, experts: torch.Tensor | None
     ) -> list[GenerationResult]:
-        """Append one sampled token to each slot's sequence; retire those that finished."""
-        positions = self._length[slots]
-        self._tokens[slots, positions] = tokens
-        self._logprobs[slots, positions] = logprobs
-        self._versions[slots, positions] = self._version
+        """Sample one token per row from logits [B, V] (experts [B, layers, k]: where the router
+        went at that position), append it to each slot's sequence; retire those that finished."""
+        if batch.all_greedy:
+            tokens, logprobs = greedy(logits)
+        else:
+            tokens, logprobs = sample(logits, batch.temperature, batch.top_p, self._generator)
+        at = batch.length.unsqueeze(1)  # [B, 1] where each new token goes
+        batch.tokens.scatter_(1, at, tokens.unsqueeze(1))
+        batch.logprobs.scatter_(1, at, logprobs.unsqueeze(1))
+        batch.versions.scatter_(1, at, self._version)
         if experts is not None:
-            self._experts[slots, positions] = experts.to(torch.int32)
-        new_length = positions + 1
-        self._length[slots] = new_length
-        at_eos = stop_on_eos & (tokens == self.tokenizer.eos_id)
-        at_limit = new_length >= limit
+            rows = torch.arange(batch.slots.start, batch.slots.stop, device=self.device)
+            self._experts[rows, batch.length] = experts.to(torch.int32)
+        new_length = batch.length.add_(1)  # a view: updates self._length in place
+        at_limit = new_length >= batch.limit
+        if batch.stop_on_eos is None:
+            at_eos, ended = None, at_limit
+        else:
+            at_eos = batch.stop_on_eos & (tokens == self.tokenizer.eos_id)
+            ended = at_eos | at_limit
         # Precedence when several hold: eos, then a stop string, then length.
         reasons: dict[int, FinishReason] = {}
-        ended = at_eos | at_limit
         if bool(ended.any()):
             for row in ended.nonzero().flatten().tolist():
-                reasons[row] = "eos" if bool(at_eos[row]) else "length"
-        for row in stop_rows:
-            if reasons.get(row) != "eos" and self._tail_has_stop(slot_list[row]):
+                reasons[row] = "eos" if at_eos is not None and bool(at_eos[row]) else "length"
+        for row in batch.stop_rows:
+            if reasons.get(row) != "eos" and self._tail_has_stop(batch.slots[row]):
                 reasons[row] = "stop"
-        return [self._retire(slot_list[row], reason) for row, reason in reasons.items()]
+        if not reasons:
+            return []
+        finished = self._retire({batch.slots[row]: reason for row, reason in reasons.items()})
+        self._compact()
+        return finished
 
     def _tail_has_stop(self, slot: int) -> bool:
         """Whether a stop string occurs in the decoded tail of the completion. Earlier text was
@@ -317,23 +347,56 @@ class Engine:
         text = self.tokenizer.decode(self._tokens[slot, start:end].tolist())
         return any(s in text for s in seq.stop)
 
-    def _retire(self, slot: int, reason: FinishReason) -> GenerationResult:
-        seq = self._running.pop(slot)
-        self._free.append(slot)
+    def _retire(self, reasons: dict[int, FinishReason]) -> list[GenerationResult]:
+        """Results of the finished slots (slot -> reason), read out with one transfer per field;
+        their slots become free."""
+        slots = list(reasons)
+        index = torch.tensor(slots, device=self.device)
+        ends = self._length[index].tolist()
+        width = max(ends)
+        tokens = self._tokens[index, :width].tolist()
+        logprobs = self._logprobs[index, :width].tolist()
+        versions = self._versions[index, :width].tolist()
+        experts = self._experts[index, :width].tolist() if self._experts is not None else None
+        results = []
+        for i, slot in enumerate(slots):
+            seq = self._running.pop(slot)
+            start, end = seq.prompt_len, ends[i]
+            token_ids = tokens[i][start:end]
+            results.append(GenerationResult(
+                request_id=seq.request_id,
+                prompt_ids=list(seq.request.prompt_ids),
+                token_ids=token_ids,
+                logprobs=logprobs[i][start:end],
+                versions=versions[i][start:end],
+                experts=experts[i][start:end] if experts is not None else None,
+                finish_reason=reasons[slot],
+                text=self.tokenizer.decode(token_ids),
+                tag=seq.request.tag,
+            ))
         self._batch = None
-        start, end = seq.prompt_len, int(self._length[slot])
-        token_ids = self._tokens[slot, start:end].tolist()
-        return GenerationResult(
-            request_id=seq.request_id,
-            prompt_ids=list(seq.request.prompt_ids),
-            token_ids=token_ids,
-            logprobs=self._logprobs[slot, start:end].tolist(),
-            versions=self._versions[slot, start:end].tolist(),
-            experts=self._experts[slot, start:end].tolist() if self._experts is not None else None,
-            finish_reason=reason,
-            text=self.tokenizer.decode(token_ids),
-            tag=seq.request.tag,
-        )
+        return results
+
+    def _compact(self) -> None:
+        """Move the sequences in slots >= n (n running) into the free slots below n, so that the
+        running ones are slots 0..n-1 again (see the module docstring for why)."""
+        n = len(self._running)
+        holes = [slot for slot in range(n) if slot not in self._running]
+        if not holes:
+            return
+        movers = sorted(slot for slot in self._running if slot >= n)
+        for src, dst in zip(movers, holes):
+            self._running[dst] = self._running.pop(src)
+        src = torch.tensor(movers, device=self.device)
+        dst = torch.tensor(holes, device=self.device)
+        state = [self._tokens, self._logprobs, self._versions, self._length, self._limit,
+                 self._temperature, self._top_p, self._stop_on_eos]
+        for t in state + ([self._experts] if self._experts is not None else []):
+            t[dst] = t[src]
+        held = int(self._length[dst].max())  # cache positions in use by the moved sequences
+        for kc, vc in zip(self.cache.k, self.cache.v):
+            kc[dst, :, :held] = kc[src, :, :held]
+            vc[dst, :, :held] = vc[src, :, :held]
 
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         limit = self.cfg.max_seq_len - 1

@@ -43,6 +43,15 @@ def sample(
     return tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1)
 
 
+def greedy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sample`` for a batch whose rows are all greedy (T = 0), without the per-row temperature
+    and top-p machinery or its device sync: tokens = argmax, logprobs = log_softmax at them."""
+    logits = logits.float()
+    tokens = logits.argmax(dim=-1)
+    logp = torch.log_softmax(logits, dim=-1)
+    return tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1)
+
+
 def _draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One token per row of unnormalised probs [B, V] by inverse CDF: one uniform per row.
 

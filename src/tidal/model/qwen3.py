@@ -9,13 +9,12 @@ One forward serves three callers:
 - the trainer: ``model(ids)`` (causal over the given tokens; pad on the right), optionally with
   ``replay_experts`` so the MoE uses the experts the sampler used (router replay);
 - the engine: ``model(ids, positions, cache, slots)`` writes k/v into per-slot cache rows and
-  attends to positions 0..p of the slot (prefill T>1, decode T=1, mixed lengths in one batch);
+  attends to positions 0..p of the slot (prefill T>1, decode T=1, mixed lengths in one batch).
+  This inference-only path is serving.py's: the same math on fused weights in fewer kernels;
 - either may ask ``return_experts=True`` to get the chosen expert ids [B, T, layers, k].
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +22,8 @@ from torch import nn
 
 from tidal.model.config import ModelConfig
 from tidal.model.kv_cache import KVCache
+from tidal.model.rope import RopeTable, apply_rope
+from tidal.model.serving import ServingWeights, cached_forward
 
 
 class RMSNorm(nn.Module):
@@ -40,46 +41,6 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """cos, sin [B, T, head_dim] for integer positions [B, T]. Computed per call in fp32 (not a
-    buffer), so casting the model to bf16 or loading it on the meta device cannot degrade it."""
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.float, device=positions.device) / head_dim
-    inv_freq = 1.0 / (theta**exponent)
-    freqs = positions[..., None].float() * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, heads, T, D]; cos/sin [B, T, D] (HF rotate_half convention)."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return x * cos + rotate_half(x) * sin
-
-
-@dataclass
-class CachePlan:
-    """Everything a layer needs to use the KV cache, computed once per forward (not per layer).
-
-    write_rows/write_cols/write_slots/write_pos: batch row, column in the chunk, cache slot and
-    position of each non-padding token (the cache cell its k/v go to).
-    mask [B, 1, T, kv_len]: True where a query may attend a cached key (key position <= its own).
-    """
-
-    cache: KVCache
-    slots: torch.Tensor
-    kv_len: int
-    write_rows: torch.Tensor
-    write_cols: torch.Tensor
-    write_slots: torch.Tensor
-    write_pos: torch.Tensor
-    mask: torch.Tensor
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -93,27 +54,16 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, plan: CachePlan | None) -> torch.Tensor:
+    def forward(self, x, cos, sin) -> torch.Tensor:
+        """x [B, T, H], cos/sin [B, 1, T, D] -> [B, T, H], causal over T (no cache: the cached
+        forward is serving.py's)."""
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.num_heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if plan is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        else:
-            k, v = self._through_cache(k, v, plan)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=plan.mask, enable_gqa=True)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
-
-    def _through_cache(self, k, v, plan: CachePlan):
-        """Write the new tokens' k/v [B, kv_heads, T, D] into their slots, read back each row's
-        slot up to kv_len (the longest position in the batch + 1)."""
-        kc, vc = plan.cache.k[self.layer], plan.cache.v[self.layer]
-        rows, cols = plan.write_rows, plan.write_cols
-        kc[plan.write_slots, :, plan.write_pos] = k[rows, :, cols].to(kc.dtype)
-        vc[plan.write_slots, :, plan.write_pos] = v[rows, :, cols].to(vc.dtype)
-        return kc[plan.slots, :, : plan.kv_len].to(k.dtype), vc[plan.slots, :, : plan.kv_len].to(v.dtype)
 
 
 class MLP(nn.Module):
@@ -194,8 +144,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, plan, replay):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, plan)
+    def forward(self, x, cos, sin, replay):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
         h = self.post_attention_layernorm(x)
         if isinstance(self.mlp, SparseMoE):
             out, ids = self.mlp(h, replay)
@@ -219,6 +169,9 @@ class CausalLM(nn.Module):
         self.config = config
         self.model = Backbone(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rope = RopeTable(config.head_dim, config.rope_theta)
+        self._serving: ServingWeights | None = None
+        self.register_load_state_dict_post_hook(_drop_serving_weights_after_load)
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -226,21 +179,52 @@ class CausalLM(nn.Module):
         operation that replaces parameters, e.g. load_state_dict(assign=True))."""
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.drop_serving_weights()
+
+    def serving_weights(self) -> ServingWeights:
+        """The cached forward's fused weights, rebuilt if a parameter changed since (serving.py)."""
+        if self._serving is None or not self._serving.is_current():
+            self._serving = ServingWeights(self)
+        return self._serving
+
+    def drop_serving_weights(self) -> None:
+        """Forget the fused weights (parameters were replaced); the next cached forward rebuilds."""
+        self._serving = None
+
+    def __getstate__(self):
+        """Pickle and deepcopy without the serving weights: derived data, and oneDNN-packed
+        tensors cannot be serialised. A copy rebuilds them on its first cached forward."""
+        state = dict(super().__getstate__())
+        state["_serving"] = None
+        return state
+
+    def _apply(self, fn, recurse=True):
+        """.to() / .float() / .cuda() may replace every parameter: drop the fused copies."""
+        self.drop_serving_weights()
+        return super()._apply(fn, recurse)
 
     def forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor | None = None,
         cache: KVCache | None = None,
-        slots: torch.Tensor | None = None,
+        slots: torch.Tensor | range | None = None,
         replay_experts: torch.Tensor | None = None,
         return_experts: bool = False,
+        logits_at: torch.Tensor | None = None,
     ):
         """input_ids [B, T] -> fp32 logits [B, T, vocab], or (logits, experts [B, T, layers, k] |
-        None) with return_experts. Positions < 0 mark padding (cache mode): not written, garbage
-        logits and experts. Without a cache attention is causal over the given order and
-        positions only set RoPE."""
+        None) with return_experts.
+
+        cache + slots (engine): slot ids [B], or a ``range`` of consecutive slots (read without a
+        copy); the forward writes k/v at ``positions`` and attends to 0..p of each slot.
+        Positions < 0 mark padding: not written, garbage logits and experts. Inference only.
+        Without a cache attention is causal over the given order and positions only set RoPE.
+        logits_at [B]: compute logits only at column ``logits_at[b]`` of each row -> [B, vocab]
+        (prefill needs only each prompt's last position; experts stay [B, T, layers, k]).
+        """
         b, t = input_ids.shape
+        explicit = positions is not None
         if positions is None:
             positions = torch.arange(t, device=input_ids.device).expand(b, t)
         elif positions.shape != (b, t):
@@ -248,19 +232,36 @@ class CausalLM(nn.Module):
                 f"positions has shape {tuple(positions.shape)}, expected {(b, t)} like input_ids"
             )
         replay = self._check_replay(replay_experts, b, t)
-        plan = None if cache is None else self._cache_plan(cache, slots, positions)
-        x = self.model.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(positions.clamp(min=0), self.config.head_dim, self.config.rope_theta, x.dtype)
-        expert_ids = []
-        for i, layer in enumerate(self.model.layers):
-            x, ids = layer(x, cos, sin, plan, None if replay is None else replay[:, i])
-            expert_ids.append(ids)
-        logits = self.lm_head(self.model.norm(x)).float()
+        if cache is not None:
+            logits, expert_ids = cached_forward(
+                self, input_ids, positions, cache, slots, replay, logits_at
+            )
+        else:
+            logits, expert_ids = self._forward(input_ids, positions, explicit, replay, logits_at)
         if not return_experts:
             return logits
         if not self.config.is_moe:
             return logits, None
         return logits, torch.stack(expert_ids, dim=1).view(b, t, len(expert_ids), -1)
+
+    def _forward(self, input_ids, positions, explicit: bool, replay, logits_at):
+        """The module forward (trainer, reference): causal over the given tokens, no cache."""
+        b, t = input_ids.shape
+        if explicit:
+            positions = positions.clamp(min=0)
+            needed = int(positions.max()) + 1 if positions.numel() else 1
+        else:
+            needed = t
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.rope.lookup(positions, x.dtype, needed)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, T, D]: broadcast over heads
+        expert_ids = []
+        for i, layer in enumerate(self.model.layers):
+            x, ids = layer(x, cos, sin, None if replay is None else replay[:, i])
+            expert_ids.append(ids)
+        if logits_at is not None:
+            x = x[torch.arange(b, device=x.device), logits_at]
+        return self.lm_head(self.model.norm(x)).float(), expert_ids
 
     def _check_replay(self, replay: torch.Tensor | None, b: int, t: int) -> torch.Tensor | None:
         """Validate replayed ids [B, T, layers, k] and flatten them to [B*T, layers, k]."""
@@ -283,24 +284,11 @@ class CausalLM(nn.Module):
             )
         return replay.reshape(b * t, cfg.num_hidden_layers, -1).long()
 
-    def _cache_plan(self, cache: KVCache, slots: torch.Tensor | None, positions: torch.Tensor) -> CachePlan:
-        b = positions.shape[0]
-        if slots is None or slots.shape != (b,):
-            got = None if slots is None else tuple(slots.shape)
-            raise ValueError(f"a cache needs slots of shape [B] = {(b,)}, got {got}")
-        if int(slots.min()) < 0 or int(slots.max()) >= cache.num_slots:
-            raise ValueError(f"slots must lie in [0, {cache.num_slots}), got {slots.tolist()}")
-        kv_len = int(positions.max()) + 1
-        if kv_len > cache.max_len:
-            raise ValueError(f"position {kv_len - 1} does not fit the KV cache (max_len {cache.max_len})")
-        rows, cols = (positions >= 0).nonzero(as_tuple=True)
-        key_pos = torch.arange(max(kv_len, 1), device=positions.device)
-        # Padding queries (position < 0) may see key 0 so that softmax stays finite.
-        mask = key_pos.view(1, 1, 1, -1) <= positions.clamp(min=0).view(b, 1, -1, 1)
-        return CachePlan(
-            cache=cache, slots=slots, kv_len=max(kv_len, 1), write_rows=rows, write_cols=cols,
-            write_slots=slots[rows], write_pos=positions[rows, cols], mask=mask,
-        )
+
+def _drop_serving_weights_after_load(model: CausalLM, incompatible_keys) -> None:
+    """A load may replace parameters (assign=True); in-place copies are caught by versions too.
+    A module-level function, not a lambda, so the model still pickles."""
+    model.drop_serving_weights()
 
 
 @torch.no_grad()

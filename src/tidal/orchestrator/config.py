@@ -10,7 +10,7 @@ class OrchestratorConfig(Section):
     """Seed for task sampling, model init and sampling."""
     steps: int = Field(120, ge=0)
     """RL trainer steps."""
-    time_budget_s: float = Field(420.0, gt=0)
+    time_budget_s: float = Field(360.0, gt=0)
     """Wall-clock budget for the RL phase, seconds (stops early, still evaluates)."""
     tasks_per_step: int = Field(8, ge=1)
     """Distinct tasks per trainer step."""

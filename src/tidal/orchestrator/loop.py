@@ -134,8 +134,7 @@ def rl_step(cfg: TidalConfig, trainer, engine, sandbox, state: RunState) -> dict
 def run_rl(cfg: TidalConfig, run_dir: str | Path, init_checkpoint: str | Path,
            progress: bool = True) -> dict:
     """GRPO from ``init_checkpoint``; writes metrics.jsonl, checkpoints, summary.json, a plot."""
-    from tqdm import tqdm
-
+    from tidal.telemetry.progress import progress_bar
     from tidal.trainer.checkpoint import save_checkpoint
 
     run_dir = Path(run_dir)
@@ -147,7 +146,7 @@ def run_rl(cfg: TidalConfig, run_dir: str | Path, init_checkpoint: str | Path,
     state = RunState()
     before = evaluate(engine, sandbox, heldout, cfg, state, log, "before")
     start = time.perf_counter()
-    bar = tqdm(total=oc.steps, desc="RL", disable=not progress, dynamic_ncols=True)
+    bar = progress_bar(oc.steps, "RL", progress)
     while state.step < oc.steps and state.rl_wall_s < oc.time_budget_s:
         record = rl_step(cfg, trainer, engine, sandbox, state)
         state.rl_wall_s = time.perf_counter() - start

@@ -16,7 +16,7 @@ class PretrainConfig(Section):
     """Documents the built-in generator writes."""
     seq_len: int = Field(256, ge=16)
     """Packed sequence length, tokens (the model reads seq_len - 1 and predicts the next of each)."""
-    batch_size: int = Field(32, ge=1)
+    batch_size: int = Field(16, ge=1)
     """Sequences per optimizer step."""
     lr: float = Field(3e-3, gt=0)
     """Peak AdamW learning rate (cosine decay to 10%)."""
@@ -24,7 +24,7 @@ class PretrainConfig(Section):
     """Linear learning-rate warm-up, optimizer steps."""
     max_steps: int = Field(1500, ge=1)
     """Optimizer steps (the run stops at whichever of max_steps / time_budget_s comes first)."""
-    time_budget_s: float = Field(360.0, gt=0)
+    time_budget_s: float = Field(300.0, gt=0)
     """Wall-clock budget of the training steps, seconds (building the corpus and saving are
     outside it). The cosine decay follows whichever of step fraction and time
     fraction is further along, so a time-limited run still ends at the low learning rate."""

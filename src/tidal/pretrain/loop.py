@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from tidal.model import build_model, from_pretrained, load_tokenizer, save_pretrained
 from tidal.pretrain.config import PretrainConfig
 from tidal.pretrain.corpus import load_corpus, pack
+from tidal.telemetry.progress import progress_bar
 
 METRICS_FILE = "pretrain_metrics.jsonl"
 MODEL_DIR = "model"
@@ -49,7 +49,7 @@ def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool) -> Pat
     batches = shuffled_batches(rows, pc.batch_size, cfg.orchestrator.seed)
     tokens_per_step = min(pc.batch_size, len(rows)) * (pc.seq_len - 1)
     log = MetricsLog(out_dir / METRICS_FILE)
-    bar = tqdm(total=pc.max_steps, desc="pretrain", unit="step", disable=not progress)
+    bar = progress_bar(pc.max_steps, "pretrain", progress)
     start = time.perf_counter()
     step, elapsed = 0, 0.0
     while step < pc.max_steps and elapsed < pc.time_budget_s:
