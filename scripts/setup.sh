@@ -2,6 +2,8 @@
 # Set up tidal in ./.venv on a fresh machine: Python >= 3.11, pip, nothing else by hand.
 # Installs the CPU build of torch 2.13.0 only where no torch is importable (a GPU user keeps
 # theirs: the venv then sees the system's packages), then tidal itself with its test extras.
+# As root with apt-get (Debian/Ubuntu, CI), it also installs chromium and chromium-driver, which
+# tests/test_report.py drives to check the HTML report in a real browser.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -18,3 +20,15 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
   "$VPY" -m pip install -q --disable-pip-version-check torch==2.13.0
 fi
 "$VPY" -m pip install -q --disable-pip-version-check -e ".[test]"
+if [ "$WITH_TEST_TOOLS" = 1 ] && { ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; }; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing chromium and chromium-driver (for tests/test_report.py)" >&2
+    apt_chromium() {
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null
+    }
+    apt_chromium || { apt-get update -q >/dev/null && apt_chromium; }
+  else
+    echo "setup: chromium/chromedriver missing; tests/test_report.py needs them" \
+         "(apt-get install chromium chromium-driver)" >&2
+  fi
+fi

@@ -9,7 +9,7 @@ from tidal.config import load_config
 from tidal.model import build_model, save_pretrained
 
 FAST = ["--orchestrator.steps", "2", "--orchestrator.tasks_per_step", "2", "--orchestrator.group_size", "2",
-        "--orchestrator.heldout_tasks", "4", "--orchestrator.eval_every", "1",
+        "--orchestrator.heldout_tasks", "4", "--orchestrator.eval_every", "1", "--orchestrator.backend", "local",
         "--engine.max_new_tokens", "16"]
 
 

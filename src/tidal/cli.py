@@ -1,4 +1,4 @@
-"""`tidal` command line: train, pretrain, eval, bench.
+"""`tidal` command line: train, pretrain, eval, bench, report.
 
 Config overrides are dotted flags after the known ones: ``tidal train --trainer.lr 1e-6``.
 User errors (a bad config, a missing or corrupt checkpoint) print one clear line and exit 2.
@@ -7,6 +7,7 @@ User errors (a bad config, a missing or corrupt checkpoint) print one clear line
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -17,22 +18,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _user_errors():
+    """Errors a user can cause and fix: printed as one line, exit status 2."""
     from tidal.config import ConfigError
+    from tidal.model import CheckpointError
+    from tidal.orchestrator.pool import OrchestratorError
+    from tidal.sandbox import SandboxError
 
-    errors: list[type[Exception]] = [ConfigError]
-    try:
-        from tidal.model import CheckpointError
-
-        errors.append(CheckpointError)
-    except ImportError:
-        pass
-    try:
-        from tidal.trainer.checkpoint import TrainerCheckpointError
-
-        errors.append(TrainerCheckpointError)
-    except ImportError:
-        pass
-    return tuple(errors)
+    return (ConfigError, CheckpointError, OrchestratorError, SandboxError)
 
 
 def _load(args, rest):
@@ -48,28 +40,54 @@ def _print_config(cfg) -> None:
 
 
 def cmd_train(args, rest) -> int:
+    if args.resume:
+        return _resume(args, rest)
     cfg = _load(args, rest)
     if args.dry_run:
         _print_config(cfg)
         return 0
-    from tidal.orchestrator.loop import run_rl, write_summary
-    from tidal.orchestrator.report import print_summary
     from tidal.pretrain.cache import cached_pretrained
-    from tidal.telemetry.plots import plot_run
 
     run_dir = Path(args.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(_config_toml(cfg))
     t0 = time.perf_counter()
     init = cfg.model.init_from or cached_pretrained(cfg)
-    pretrain_s = time.perf_counter() - t0
-    summary = run_rl(cfg, run_dir, init)
-    summary["pretrain_s"] = pretrain_s
-    summary["wall_s"] = time.perf_counter() - t0
+    info = {"init_checkpoint": str(init), "pretrain_s": time.perf_counter() - t0}
+    (run_dir / "run_info.json").write_text(json.dumps(info))
+    return _rl(cfg, run_dir, info, resume=False, t0=t0)
+
+
+def _resume(args, rest) -> int:
+    from tidal.config import ConfigError, load_config
+
+    run_dir = Path(args.resume)
+    if not (run_dir / "config.toml").is_file() or not (run_dir / "run_info.json").is_file():
+        raise ConfigError(f"--resume {run_dir}: not a tidal run folder (no config.toml / run_info.json)")
+    cfg = load_config(run_dir / "config.toml", rest)
+    info = json.loads((run_dir / "run_info.json").read_text())
+    return _rl(cfg, run_dir, info, resume=True, t0=time.perf_counter())
+
+
+def _rl(cfg, run_dir: Path, info: dict, resume: bool, t0: float) -> int:
+    from tidal.orchestrator.loop import run_rl, write_summary
+    from tidal.orchestrator.report import print_summary
+    from tidal.telemetry.plots import plot_run
+
+    summary = run_rl(cfg, run_dir, info["init_checkpoint"], resume=resume)
+    summary["pretrain_s"] = info["pretrain_s"]
+    summary["wall_s"] = info["pretrain_s"] + time.perf_counter() - t0 if not resume else None
     summary["plot"] = str(plot_run(run_dir))
+    summary["report"] = _report(run_dir)
     path = write_summary(run_dir, summary)
     print_summary(summary, path)
     return 0
+
+
+def _report(run_dir: Path) -> str:
+    from tidal.telemetry.report import write_report
+
+    return str(write_report(run_dir))
 
 
 def _config_toml(cfg) -> str:
@@ -126,6 +144,21 @@ def cmd_bench(args, rest) -> int:
     return 0
 
 
+def cmd_report(args, rest) -> int:
+    if rest:
+        raise SystemExit(f"tidal report: unexpected arguments {rest}")
+    from tidal.config import ConfigError
+    from tidal.telemetry.report import write_report
+
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise ConfigError(f"run directory {run_dir} does not exist")
+    if not (run_dir / "metrics.jsonl").is_file():
+        raise ConfigError(f"{run_dir / 'metrics.jsonl'} not found: is {run_dir} a tidal run directory?")
+    print(write_report(run_dir))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tidal", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -134,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("config", nargs="?", help="TOML recipe (default: the built-in recipe)")
     t.add_argument("--run-dir", help="where metrics, checkpoints and the summary go")
     t.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     t.set_defaults(fn=cmd_train)
 
     pt = sub.add_parser("pretrain", help="mid-train a model by next-token prediction on a corpus")
@@ -159,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "spin-wait with more)")
     b.add_argument("--json", help="write results here")
     b.set_defaults(fn=cmd_bench)
+
+    r = sub.add_parser("report", help="write RUN_DIR/report.html: summary, reward, staleness, workers, throughput")
+    r.add_argument("run_dir", help="a run directory holding metrics.jsonl")
+    r.set_defaults(fn=cmd_report)
     return p
 
 
@@ -169,7 +207,7 @@ def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
     while i < len(argv):
         arg = argv[i]
         key = arg[2:].split("=", 1)[0]
-        if arg.startswith("--") and "." in key and not arg.startswith("--run-dir"):
+        if arg.startswith("--") and "." in key and not arg.startswith(("--run-dir", "--resume")):
             take = 1 if "=" in arg else 2
             overrides.extend(argv[i:i + take])
             i += take

@@ -1,5 +1,7 @@
 """The RL loop: how many steps, how many tasks and samples per step, when to evaluate."""
 
+from typing import Literal
+
 from pydantic import Field
 
 from tidal.section import Section
@@ -26,7 +28,24 @@ class OrchestratorConfig(Section):
     """Measure held-out pass@1 every this many steps (0 = only before and after)."""
     checkpoint_every: int = Field(50, ge=0)
     """Save a resumable checkpoint every this many steps (0 = only at the end)."""
-    num_threads: int = Field(0, ge=0)
-    """torch CPU threads for the RL loop (engine and trainer); 0 = torch's default (one per core)."""
-    max_staleness: int = Field(0, ge=0)
-    """Largest trainer-version minus rollout-version allowed in a trained batch (0 = synchronous)."""
+    num_threads: int = Field(1, ge=0)
+    """torch CPU threads of the trainer process; 0 = torch's default (one per core). 1 on a small
+    machine, where the rollout workers and the sandboxes need the other cores."""
+    max_staleness: int = Field(1, ge=0)
+    """Largest trainer version minus the oldest token version allowed in a trained batch. Workers
+    generate step s once the trainer reaches version s - max_staleness; 0 = synchronous mode
+    (generation and training alternate on the same code path)."""
+    in_flight_updates: bool = True
+    """Workers load newer weights between decode steps, so a sequence may span versions (each token
+    records its own). False: a worker keeps one version for a whole assignment."""
+    backend: Literal["ray", "local"] = "ray"
+    """Where rollout workers run: Ray actors (a local Ray instance, or the cluster at RAY_ADDRESS),
+    or threads in the trainer's process (debugging, tests)."""
+    num_workers: int = Field(2, ge=1)
+    """Rollout workers; each training step's tasks are split among them."""
+    ray_num_cpus: int = Field(2, ge=1)
+    """CPUs a local Ray instance may schedule (ignored when joining RAY_ADDRESS)."""
+    cpus_per_worker: float = Field(0.5, gt=0)
+    """Ray CPUs reserved per rollout worker actor."""
+    worker_threads: int = Field(1, ge=0)
+    """torch CPU threads in each rollout worker; 0 = torch's default."""

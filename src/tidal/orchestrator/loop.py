@@ -1,62 +1,66 @@
-"""The RL run (`tidal train`): mid-train if needed, then GRPO on the coding task family.
+"""The RL run (`tidal train`): rollout workers run ahead of the trainer, within bounded staleness.
 
-Dataflow of one step (synchronous: max_staleness = 0, generation and training alternate):
+Dataflow:
 
-    training tasks (step s) ──> Engine.generate (G samples each, tokens carry policy version v)
-         ──> Sandbox: grade every completion against hidden tests ──> Trajectories (reward, reason)
-         ──> staleness gate (trainer version − oldest token version ≤ max_staleness)
-         ──> Trainer.step(Batch) ──> version v+1 ──> Engine.load_weights(v+1)
+    training step s ──split──> Assignments (tasks, group ids, min_version = s − max_staleness)
+         ──> idle RolloutWorker (thread or Ray actor): load newest weights ≥ min_version,
+             Engine.generate G samples per task (in-flight updates: newer weights load between
+             decode steps; every token records its version), Sandbox grades each completion
+         ──> RolloutResult back to the driver ──> step s complete when all its assignments are
+         ──> staleness gate (trainer version − oldest token version ≤ max_staleness; older
+             trajectories are dropped and counted) ──> Trainer.step(Batch) ──> version s+1
+         ──> FilesystemWeightStore.publish(s+1) ──> workers pick it up
 
-Back-pressure is trivial here (one batch in flight); the asynchronous orchestrator keeps the same
-pieces and lets generation run ahead. Held-out pass@1 is measured before RL, every
-``eval_every`` steps and after RL, on the same tasks with the same sampler settings.
+Back-pressure rules:
+- Step s is planned (its assignments queued) only once the trainer has reached version
+  s − max_staleness, so nothing a worker generates can be older than the bound allows, and at
+  most max_staleness + 1 steps of trajectories wait in the buffer. When no step may be planned,
+  idle workers wait (logged as ``wait_backpressure`` in the worker timeline).
+- max_staleness = 0 is the synchronous mode on this same path: step s is planned only after
+  step s − 1 has been trained and published, so generation and training alternate.
+- A worker that fails (raises, or its actor dies) is replaced by a fresh one and its assignment
+  is re-run; its partial output is discarded, so no task is lost or counted twice.
+
+Held-out pass@1 is measured by the driver's own engine (loaded with the trainer's weights) before
+RL, every ``eval_every`` steps and after RL, on the same tasks with the same sampler settings.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
-from dataclasses import dataclass, field
+from collections import Counter, deque
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from tidal.config import TidalConfig
 from tidal.orchestrator.evaluate import heldout_pass1
-from tidal.orchestrator.rollout import sample_and_grade
+from tidal.orchestrator.pool import LocalPool, OrchestratorError, RayPool
+from tidal.orchestrator.weights import FilesystemWeightStore
+from tidal.orchestrator.worker import Assignment, RolloutResult, RolloutWorker, Span
 from tidal.tasks import Task, get_family
-from tidal.telemetry.metrics import MetricsLog, write_json_atomic
+from tidal.telemetry.metrics import MetricsLog, read_metrics, write_json_atomic
 from tidal.types import Batch, Trajectory
+
+MAX_ATTEMPTS = 3
+"""Times one assignment is tried (on fresh workers) before the run stops with an error."""
 
 
 @dataclass
 class RunState:
-    """What the loop tracks across steps (and what a checkpoint must restore)."""
+    """What the loop tracks across steps; saved in every checkpoint so a resumed run continues."""
 
     step: int = 0
     trajectories: int = 0
     dropped_stale: int = 0
     max_staleness_seen: int = 0
+    worker_failures: int = 0
     rl_wall_s: float = 0.0
+    busy_s: float = 0.0
     evals: list[dict] = field(default_factory=list)
-
-
-def build_components(cfg: TidalConfig, init_checkpoint: str | Path):
-    """Trainer (fp32 master weights), an engine holding its own copy of the weights, a sandbox."""
-    from tidal.engine.engine import Engine
-    from tidal.model import from_pretrained, load_tokenizer
-    from tidal.sandbox import Sandbox
-    from tidal.trainer.trainer import Trainer
-
-    torch.manual_seed(cfg.orchestrator.seed)
-    if cfg.orchestrator.num_threads:
-        torch.set_num_threads(cfg.orchestrator.num_threads)
-    policy = from_pretrained(init_checkpoint, dtype=torch.float32)
-    serving = from_pretrained(init_checkpoint, dtype=getattr(torch, cfg.model.dtype))
-    tokenizer = load_tokenizer(init_checkpoint)
-    trainer = Trainer(policy, cfg.trainer, temperature=cfg.engine.temperature)
-    engine = Engine(serving, tokenizer, cfg.engine, version=0)
-    sandbox = Sandbox(cfg.env.sandbox)
-    return trainer, engine, sandbox
 
 
 def training_tasks(cfg: TidalConfig, step: int) -> list[Task]:
@@ -66,125 +70,321 @@ def training_tasks(cfg: TidalConfig, step: int) -> list[Task]:
                   heldout=False)
 
 
+def plan_step(cfg: TidalConfig, step: int, first_id: int) -> list[Assignment]:
+    """Split step ``step``'s tasks into one assignment per worker (fewer if tasks are few)."""
+    tasks = training_tasks(cfg, step)
+    parts = min(cfg.orchestrator.num_workers, len(tasks))
+    min_version = max(0, step - cfg.orchestrator.max_staleness)
+    out = []
+    for p in range(parts):
+        idx = list(range(p, len(tasks), parts))
+        out.append(Assignment(first_id + p, step, [tasks[i] for i in idx], idx, min_version))
+    return out
+
+
 def staleness_gate(trajs: list[Trajectory], trainer_version: int, max_staleness: int,
-                   state: RunState) -> list[Trajectory]:
+                   state: RunState) -> tuple[list[Trajectory], Counter]:
     """Drop (and count) trajectories whose oldest token is more than max_staleness versions old."""
-    kept = []
+    kept, hist = [], Counter()
     for t in trajs:
         staleness = trainer_version - t.min_version
         if staleness > max_staleness:
             state.dropped_stale += 1
             continue
+        hist[staleness] += 1
         state.max_staleness_seen = max(state.max_staleness_seen, staleness)
         kept.append(t)
-    return kept
+    return kept, hist
+
+
+def complete_groups(trajs: list[Trajectory], group_size: int) -> list[Trajectory]:
+    """GRPO needs whole groups: keep only groups that still have all G samples after the gate."""
+    sizes = Counter(t.group_id for t in trajs)
+    return [t for t in trajs if sizes[t.group_id] == group_size]
 
 
 def rollout_metrics(trajs: list[Trajectory]) -> dict:
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
-    reasons: dict[str, int] = {}
-    for t in trajs:
-        reasons[t.reason] = reasons.get(t.reason, 0) + 1
     return {
-        "reward_mean": rewards.mean().item(),
+        "reward_mean": rewards.mean().item() if len(trajs) else 0.0,
         "reward_std": rewards.std().item() if len(trajs) > 1 else 0.0,
-        "pass_rate": (rewards >= 1.0).double().mean().item(),
-        "reasons": reasons,
+        "pass_rate": (rewards >= 1.0).double().mean().item() if len(trajs) else 0.0,
+        "reasons": dict(Counter(t.reason for t in trajs)),
     }
 
 
-def evaluate(engine, sandbox, heldout: list[Task], cfg: TidalConfig, state: RunState,
-             log: MetricsLog, label: str) -> dict:
-    result = heldout_pass1(engine, sandbox, heldout, cfg.orchestrator.eval_samples_per_task)
-    record = {"kind": "eval", "label": label, "step": state.step, "version": engine.version,
-              "wall_s": state.rl_wall_s, "heldout_pass1": result["pass1"],
-              "pass1_by_level": result["pass1_by_level"], "reasons": result["reasons"]}
-    log.write(record)
-    state.evals.append(record)
-    return result
+class Run:
+    """One RL run: the trainer and eval engine in this process, rollout workers in a pool."""
+
+    def __init__(self, cfg: TidalConfig, run_dir: Path, init_checkpoint: str | Path, progress: bool,
+                 worker_cls=RolloutWorker):
+        from tidal.engine.engine import Engine
+        from tidal.model import from_pretrained, load_tokenizer
+        from tidal.sandbox import Sandbox
+        from tidal.trainer.trainer import Trainer
+
+        self.cfg, self.run_dir, self.progress = cfg, run_dir, progress
+        self.init_checkpoint = str(init_checkpoint)
+        oc = cfg.orchestrator
+        torch.manual_seed(oc.seed)
+        if oc.num_threads:
+            torch.set_num_threads(oc.num_threads)
+        policy = from_pretrained(init_checkpoint, dtype=torch.float32)
+        self.trainer = Trainer(policy, cfg.trainer, temperature=cfg.engine.temperature)
+        serving = from_pretrained(init_checkpoint, dtype=getattr(torch, cfg.model.dtype))
+        self.eval_engine = Engine(serving, load_tokenizer(init_checkpoint), cfg.engine, version=0)
+        self.sandbox = Sandbox(cfg.env.sandbox)
+        self.heldout = get_family(cfg.env.name)(cfg.env, oc.heldout_tasks, oc.heldout_seed, heldout=True)
+        self.store = FilesystemWeightStore(run_dir / "weights")
+        self.state = RunState()
+        self.worker_cls = worker_cls
+        self.log = MetricsLog(run_dir / "metrics.jsonl")
+        self.tb = _tensorboard(run_dir)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save(self, final: bool = False):
+        from tidal.trainer.checkpoint import capture_rng_state, checkpoint_path, save_checkpoint
+
+        extra = {"state": asdict(self.state), "rng": capture_rng_state(), "final": final}
+        return save_checkpoint(self.trainer, checkpoint_path(self.run_dir, self.state.step), extra)
+
+    def restore(self) -> bool:
+        """Continue from the run dir's latest complete checkpoint; False if there is none."""
+        from tidal.trainer.checkpoint import latest_checkpoint, load_checkpoint, restore_rng_state
+
+        path = latest_checkpoint(self.run_dir)
+        if path is None:
+            return False
+        extra = load_checkpoint(path, self.trainer)
+        self.state = RunState(**extra["state"])
+        restore_rng_state(extra["rng"])
+        self.log.close()
+        trim_metrics(self.run_dir / "metrics.jsonl", self.state)
+        self.log = MetricsLog(self.run_dir / "metrics.jsonl")
+        return True
+
+    # ------------------------------------------------------------------ the loop
+
+    def evaluate(self, label: str) -> dict:
+        self.eval_engine.load_weights(self.trainer.model, self.trainer.version)
+        result = heldout_pass1(self.eval_engine, self.sandbox, self.heldout,
+                               self.cfg.orchestrator.eval_samples_per_task)
+        record = {"kind": "eval", "label": label, "step": self.state.step, "version": self.trainer.version,
+                  "wall_s": self.state.rl_wall_s, "heldout_pass1": result["pass1"],
+                  "pass1_by_level": result["pass1_by_level"], "reasons": result["reasons"]}
+        self._write(record)
+        self.state.evals.append(record)
+        return result
+
+    def make_pool(self):
+        oc = self.cfg.orchestrator
+        root = str(self.store.root)
+        if oc.backend == "ray":
+            if self.worker_cls is not RolloutWorker:
+                raise OrchestratorError("a custom worker class needs orchestrator.backend = 'local'")
+            return RayPool((self.cfg, self.init_checkpoint, root), oc.num_workers, oc.ray_num_cpus,
+                           oc.cpus_per_worker)
+        return LocalPool(lambda i: self.worker_cls(self.cfg, self.init_checkpoint, root, i), oc.num_workers)
+
+    def run(self) -> dict:
+        oc = self.cfg.orchestrator
+        resumed = self.state.step > 0
+        if not resumed:
+            self.before = self.evaluate("before")
+        else:
+            self.before = {"pass1": self.state.evals[0]["heldout_pass1"],
+                           "pass1_by_level": self.state.evals[0]["pass1_by_level"]}
+        self.store.publish(self.trainer.model, self.trainer.version)
+        pool = self.make_pool()
+        try:
+            self._drive(pool)
+        finally:
+            pool.close()
+        after = self.evaluate("after")
+        final = self.save(final=True)
+        self.log.close()
+        if self.tb:
+            self.tb.close()
+        return self.summary(after, final)
+
+    def _drive(self, pool) -> None:
+        """Plan steps within the staleness bound, keep workers busy, train complete steps in order."""
+        from tidal.telemetry.progress import progress_bar
+
+        oc = self.cfg.orchestrator
+        start = time.time() - self.state.rl_wall_s
+        self.t0 = start
+        queue: deque[Assignment] = deque()
+        inflight: dict = {}
+        attempts: Counter = Counter()
+        results: dict[int, list[RolloutResult]] = {}
+        expected: dict[int, int] = {}
+        idle_since = {w: time.time() for w in range(oc.num_workers)}
+        next_plan, next_id = self.state.step, 0
+        bar = progress_bar(oc.steps, "RL", self.progress)
+        bar.update(self.state.step)
+        while self.state.step < oc.steps:
+            if time.time() - start >= oc.time_budget_s:
+                break
+            while next_plan < oc.steps and next_plan <= self.trainer.version + oc.max_staleness:
+                planned = plan_step(self.cfg, next_plan, next_id)
+                next_id += len(planned)
+                queue.extend(planned)
+                expected[next_plan] = len(planned)
+                results[next_plan] = []
+                next_plan += 1
+            busy = {w for w, _ in inflight.values()}
+            for w in range(oc.num_workers):
+                if queue and w not in busy:
+                    a = queue.popleft()
+                    self._worker_span(Span(w, "wait_backpressure", idle_since[w], time.time()))
+                    inflight[pool.submit(w, a)] = (w, a)
+            for handle in pool.wait(list(inflight), timeout=1.0):
+                w, a = inflight.pop(handle)
+                idle_since[w] = time.time()
+                try:
+                    res = pool.result(handle)
+                except Exception as e:  # a worker's failure of any kind: replace it, re-run its work
+                    self._worker_failed(pool, w, a, e, attempts, queue)
+                    continue
+                for span in res.spans:
+                    self._worker_span(span)
+                results[a.step].append(res)
+            if len(results.get(self.state.step, [])) == expected.get(self.state.step, -1):
+                record = self._train_step(results.pop(self.state.step), start)
+                bar.update(1)
+                bar.set_postfix(reward=f"{record['reward_mean']:.2f}", stale=self.state.max_staleness_seen,
+                                heldout=f"{self.state.evals[-1]['heldout_pass1']:.2f}", refresh=False)
+                if oc.eval_every and self.state.step % oc.eval_every == 0 and self.state.step < oc.steps:
+                    self.evaluate(f"step {self.state.step}")
+                if oc.checkpoint_every and self.state.step % oc.checkpoint_every == 0:
+                    self.save()
+        bar.close()
+        self.state.rl_wall_s = time.time() - start
+
+    def _worker_failed(self, pool, w, a, error, attempts, queue) -> None:
+        attempts[a.assignment_id] += 1
+        self.state.worker_failures += 1
+        self._write({"kind": "worker_failure", "worker": w, "step": a.step, "assignment": a.assignment_id,
+                     "error": f"{type(error).__name__}: {error}"[:500], "wall_s": time.time() - self.t0})
+        if attempts[a.assignment_id] >= MAX_ATTEMPTS:
+            raise OrchestratorError(f"assignment {a.assignment_id} (step {a.step}) failed "
+                                    f"{MAX_ATTEMPTS} times; last error: {type(error).__name__}: {error}")
+        pool.replace(w)
+        queue.appendleft(a)
+
+    def _train_step(self, step_results: list[RolloutResult], start: float) -> dict:
+        oc = self.cfg.orchestrator
+        t0 = time.perf_counter()
+        trajs = [t for r in sorted(step_results, key=lambda r: r.assignment_id) for t in r.trajectories]
+        trajs, hist = staleness_gate(trajs, self.trainer.version, oc.max_staleness, self.state)
+        trajs = complete_groups(trajs, oc.group_size)
+        train_metrics = self.trainer.step(Batch(trajs, self.trainer.version)) if trajs else {}
+        t1 = time.perf_counter()
+        self.store.publish(self.trainer.model, self.trainer.version)
+        t2 = time.perf_counter()
+        self.state.step += 1
+        self.state.trajectories += len(trajs)
+        self.state.rl_wall_s = time.time() - start
+        gen_tokens = sum(r.generated_tokens for r in step_results)
+        gen_s = sum(r.generate_s for r in step_results)
+        train_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for t in trajs for s in t.segments)
+        busy = sum(r.generate_s + r.grade_s for r in step_results)
+        self.state.busy_s += busy
+        record = {
+            "kind": "step", "step": self.state.step, "version": self.trainer.version,
+            "wall_s": self.state.rl_wall_s, **rollout_metrics(trajs),
+            "trajectories": len(trajs), "dropped_stale": self.state.dropped_stale,
+            "staleness_hist": {str(k): v for k, v in sorted(hist.items())},
+            "staleness_max": max(hist) if hist else 0,
+            "gen_tokens_per_s": gen_tokens / max(gen_s, 1e-9) * len(step_results),
+            "train_tokens_per_s": train_tokens / max(t1 - t0, 1e-9),
+            "generate_s": gen_s, "grade_s": sum(r.grade_s for r in step_results),
+            "train_s": t1 - t0, "publish_s": t2 - t1,
+            "worker_busy_fraction": self.state.busy_s / max(self.state.rl_wall_s * oc.num_workers, 1e-9),
+            "worker_failures": self.state.worker_failures,
+            **{f"train/{k}": v for k, v in train_metrics.items()},
+        }
+        record["step_time_s"] = record["wall_s"] - getattr(self, "_last_step_wall", 0.0)
+        self._last_step_wall = record["wall_s"]
+        self._write(record)
+        return record
+
+    def _worker_span(self, span: Span) -> None:
+        if span.end - span.start > 1e-3:
+            self._write({"kind": "worker", "worker": span.worker, "state": span.state,
+                         "start_s": span.start - self.t0, "end_s": span.end - self.t0})
+
+    def _write(self, record: dict) -> None:
+        self.log.write(record)
+        if self.tb:
+            self.tb.write(record)
+
+    def summary(self, after: dict, final_checkpoint) -> dict:
+        oc, s = self.cfg.orchestrator, self.state
+        return {
+            "heldout_pass1_before": self.before["pass1"],
+            "heldout_pass1_after": after["pass1"],
+            "heldout_gain": after["pass1"] - self.before["pass1"],
+            "heldout_pass1_by_level_before": self.before["pass1_by_level"],
+            "heldout_pass1_by_level_after": after["pass1_by_level"],
+            "heldout_tasks": len(self.heldout),
+            "heldout_samples_per_task": oc.eval_samples_per_task,
+            "steps": s.step,
+            "trajectories": s.trajectories,
+            "dropped_stale": s.dropped_stale,
+            "max_staleness": oc.max_staleness,
+            "max_staleness_seen": s.max_staleness_seen,
+            "worker_busy_fraction": s.busy_s / max(s.rl_wall_s * oc.num_workers, 1e-9),
+            "worker_failures": s.worker_failures,
+            "num_workers": oc.num_workers,
+            "backend": oc.backend,
+            "rl_wall_s": s.rl_wall_s,
+            "final_checkpoint": str(final_checkpoint),
+            "init_checkpoint": self.init_checkpoint,
+        }
 
 
-def rl_step(cfg: TidalConfig, trainer, engine, sandbox, state: RunState) -> dict:
-    """One synchronous GRPO step: sample, grade, gate, train, publish weights to the engine."""
-    t0 = time.perf_counter()
-    tasks = training_tasks(cfg, state.step)
-    trajs, rstats = sample_and_grade(engine, sandbox, tasks, cfg.orchestrator.group_size)
-    trajs = staleness_gate(trajs, trainer.version, cfg.orchestrator.max_staleness, state)
-    t1 = time.perf_counter()
-    train_metrics = trainer.step(Batch(trajs, trainer.version))
-    t2 = time.perf_counter()
-    engine.load_weights(trainer.model, trainer.version)
-    t3 = time.perf_counter()
-    state.step += 1
-    state.trajectories += len(trajs)
-    train_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for t in trajs for s in t.segments)
-    return {
-        "kind": "step", "step": state.step, "version": trainer.version,
-        **rollout_metrics(trajs),
-        "trajectories": len(trajs), "dropped_stale": state.dropped_stale,
-        "staleness_max": state.max_staleness_seen,
-        "gen_tokens_per_s": rstats.generated_tokens / max(rstats.generate_s, 1e-9),
-        "train_tokens_per_s": train_tokens / max(t2 - t1, 1e-9),
-        "generate_s": rstats.generate_s, "grade_s": rstats.grade_s,
-        "train_s": t2 - t1, "sync_s": t3 - t2, "step_time_s": t3 - t0,
-        **{f"train/{k}": v for k, v in train_metrics.items()},
-    }
+def _tensorboard(run_dir: Path):
+    from tidal.telemetry.tensorboard import TensorBoardLog
+
+    return TensorBoardLog(run_dir)
 
 
-def run_rl(cfg: TidalConfig, run_dir: str | Path, init_checkpoint: str | Path,
-           progress: bool = True) -> dict:
-    """GRPO from ``init_checkpoint``; writes metrics.jsonl, checkpoints, summary.json, a plot."""
-    from tidal.telemetry.progress import progress_bar
-    from tidal.trainer.checkpoint import save_checkpoint
+def trim_metrics(path: Path, state: RunState) -> None:
+    """Forget what a killed run logged after its last checkpoint: those steps will run again."""
+    keep = []
+    for r in read_metrics(path):
+        if r.get("kind") in ("step", "eval") and r.get("step", 0) > state.step:
+            continue
+        if r.get("kind") == "eval" and r.get("label") == "after":
+            continue
+        if r.get("kind") in ("worker", "worker_failure") and r.get("end_s", r.get("wall_s", 0)) > state.rl_wall_s:
+            continue
+        keep.append(json.dumps(r, sort_keys=True))
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    os.replace(tmp, path)
 
+
+def run_rl(cfg: TidalConfig, run_dir: str | Path, init_checkpoint: str | Path, progress: bool = True,
+           resume: bool = False, worker_cls=RolloutWorker) -> dict:
+    """GRPO from ``init_checkpoint`` (or the run dir's last checkpoint when ``resume``)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    oc = cfg.orchestrator
-    trainer, engine, sandbox = build_components(cfg, init_checkpoint)
-    heldout = get_family(cfg.env.name)(cfg.env, oc.heldout_tasks, oc.heldout_seed, heldout=True)
-    log = MetricsLog(run_dir / "metrics.jsonl")
-    state = RunState()
-    before = evaluate(engine, sandbox, heldout, cfg, state, log, "before")
-    start = time.perf_counter()
-    bar = progress_bar(oc.steps, "RL", progress)
-    while state.step < oc.steps and state.rl_wall_s < oc.time_budget_s:
-        record = rl_step(cfg, trainer, engine, sandbox, state)
-        state.rl_wall_s = time.perf_counter() - start
-        record["wall_s"] = state.rl_wall_s
-        log.write(record)
-        bar.update(1)
-        bar.set_postfix(reward=f"{record['reward_mean']:.2f}", stale=state.max_staleness_seen,
-                        heldout=f"{state.evals[-1]['heldout_pass1']:.2f}")
-        if oc.eval_every and state.step % oc.eval_every == 0 and state.step < oc.steps:
-            evaluate(engine, sandbox, heldout, cfg, state, log, f"step {state.step}")
-        if oc.checkpoint_every and state.step % oc.checkpoint_every == 0:
-            save_checkpoint(trainer, run_dir / "checkpoints" / f"step_{state.step:06d}",
-                            extra={"step": state.step})
-    bar.close()
-    after = evaluate(engine, sandbox, heldout, cfg, state, log, "after")
-    final = save_checkpoint(trainer, run_dir / "checkpoints" / f"step_{state.step:06d}",
-                            extra={"step": state.step})
-    log.close()
-    return {
-        "heldout_pass1_before": before["pass1"],
-        "heldout_pass1_after": after["pass1"],
-        "heldout_gain": after["pass1"] - before["pass1"],
-        "heldout_pass1_by_level_before": before["pass1_by_level"],
-        "heldout_pass1_by_level_after": after["pass1_by_level"],
-        "heldout_tasks": len(heldout),
-        "heldout_samples_per_task": oc.eval_samples_per_task,
-        "steps": state.step,
-        "trajectories": state.trajectories,
-        "dropped_stale": state.dropped_stale,
-        "max_staleness": oc.max_staleness,
-        "max_staleness_seen": state.max_staleness_seen,
-        "rl_wall_s": state.rl_wall_s,
-        "final_checkpoint": str(final),
-        "init_checkpoint": str(init_checkpoint),
-    }
+    run = Run(cfg, run_dir, init_checkpoint, progress, worker_cls)
+    if resume and not run.restore():
+        raise OrchestratorError(f"nothing to resume in {run_dir}: it has no complete checkpoint yet; "
+                                "start a new run instead")
+    return run.run()
 
 
 def write_summary(run_dir: str | Path, summary: dict) -> Path:
     path = Path(run_dir) / "summary.json"
     write_json_atomic(path, summary)
     return path
+
+
+def read_run_info(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run_info.json").read_text())

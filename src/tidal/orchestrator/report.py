@@ -20,9 +20,11 @@ def print_summary(summary: dict, path: Path) -> None:
         ("RL steps", str(summary["steps"])),
         ("trajectories", str(summary["trajectories"])),
         ("max staleness seen / allowed", f"{summary['max_staleness_seen']} / {summary['max_staleness']}"),
-        ("pretrain wall (s)", f"{summary.get('pretrain_s', 0):.0f}"),
+        ("worker busy fraction", f"{summary.get('worker_busy_fraction', 0):.2f}"),
+        ("dropped stale trajectories", str(summary.get("dropped_stale", 0))),
+        ("pretrain wall (s)", f"{summary.get('pretrain_s') or 0:.0f}"),
         ("RL wall (s)", f"{summary['rl_wall_s']:.0f}"),
-        ("total wall (s)", f"{summary.get('wall_s', 0):.0f}"),
+        ("total wall (s)", "n/a (resumed)" if summary.get("wall_s") is None else f"{summary['wall_s']:.0f}"),
     ]
     for k, v in rows:
         table.add_row(k, v)
@@ -30,3 +32,5 @@ def print_summary(summary: dict, path: Path) -> None:
     print(f"summary: {path}")
     if summary.get("plot"):
         print(f"plot: {summary['plot']}")
+    if summary.get("report"):
+        print(f"report: {summary['report']}")

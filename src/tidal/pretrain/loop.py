@@ -59,7 +59,7 @@ def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool) -> Pat
         elapsed = time.perf_counter() - start
         tok_s = step * tokens_per_step / elapsed
         bar.update(1)
-        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
+        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
         done = step >= pc.max_steps or elapsed >= pc.time_budget_s
         if step % pc.log_every == 0 or done:
             log.write(step=step, loss=loss, lr=lr, tokens_per_s=tok_s, elapsed_s=elapsed)

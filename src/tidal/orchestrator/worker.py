@@ -1,0 +1,125 @@
+"""A rollout worker: an engine and a sandbox that turn an Assignment into graded Trajectories.
+
+Plain class (unit tests drive it directly); ``pool.py`` places copies of it in threads or as Ray
+actors. Before an assignment and — with in-flight updates — between decode steps, it loads the
+newest published weights, so one sequence can span several policy versions; every token records
+the version that produced it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from tidal.orchestrator.rollout import requests_for, to_trajectory
+from tidal.tasks import Task, grade_many
+from tidal.types import Trajectory
+
+
+@dataclass
+class Assignment:
+    """Part of one training step's tasks. ``group_ids`` index the step's GRPO groups."""
+
+    assignment_id: int
+    step: int
+    tasks: list[Task]
+    group_ids: list[int]
+    min_version: int
+    """The worker must hold at least this policy version before it generates."""
+
+
+@dataclass
+class Span:
+    """A stretch of a worker's time: busy, wait_weights or wait_backpressure (absolute seconds)."""
+
+    worker: int
+    state: str
+    start: float
+    end: float
+
+
+@dataclass
+class RolloutResult:
+    assignment_id: int
+    step: int
+    worker: int
+    trajectories: list[Trajectory]
+    generated_tokens: int
+    generate_s: float
+    grade_s: float
+    spans: list[Span] = field(default_factory=list)
+
+
+class RolloutWorker:
+    def __init__(self, cfg, init_checkpoint: str, weights_root: str, worker_id: int):
+        from tidal.engine.engine import Engine
+        from tidal.model import from_pretrained, load_tokenizer
+        from tidal.orchestrator.weights import FilesystemWeightStore
+        from tidal.sandbox import Sandbox
+
+        if cfg.orchestrator.worker_threads:
+            torch.set_num_threads(cfg.orchestrator.worker_threads)
+        self.cfg = cfg
+        self.worker_id = worker_id
+        self.dtype = getattr(torch, cfg.model.dtype)
+        model = from_pretrained(init_checkpoint, dtype=self.dtype)
+        self.engine = Engine(model, load_tokenizer(init_checkpoint), cfg.engine, version=0)
+        self.sandbox = Sandbox(cfg.env.sandbox)
+        self.store = FilesystemWeightStore(weights_root)
+        self.in_flight_updates = cfg.orchestrator.in_flight_updates
+
+    def rollout(self, assignment: Assignment) -> RolloutResult:
+        spans: list[Span] = []
+        self._wait_for_version(assignment.min_version, spans)
+        t0 = time.time()
+        reqs = requests_for(assignment.tasks, self.engine.tokenizer, self.cfg.orchestrator.group_size)
+        for r in reqs:
+            self.engine.submit(r)
+        results = []
+        while self.engine.has_work:
+            if self.in_flight_updates:
+                self._maybe_reload(spans)
+            results.extend(self.engine.step())
+        results.sort(key=lambda r: r.request_id)
+        t1 = time.time()
+        tasks = assignment.tasks
+        grades = grade_many(self.sandbox, [tasks[r.tag] for r in results], [r.text for r in results])
+        t2 = time.time()
+        trajs = [to_trajectory(tasks[r.tag], assignment.group_ids[r.tag], r, g) for r, g in zip(results, grades)]
+        spans.append(Span(self.worker_id, "busy", t0, t2))
+        return RolloutResult(assignment.assignment_id, assignment.step, self.worker_id, trajs,
+                             sum(len(r.token_ids) for r in results), t1 - t0, t2 - t1, spans)
+
+    def _maybe_reload(self, spans: list[Span]) -> None:
+        latest = self.store.latest_version()
+        if latest is not None and latest > self.engine.version:
+            t = time.time()
+            self._load(latest)
+            spans.append(Span(self.worker_id, "wait_weights", t, time.time()))
+
+    def _wait_for_version(self, min_version: int, spans: list[Span]) -> None:
+        t = time.time()
+        while self.engine.version < min_version:
+            latest = self.store.latest_version()
+            if latest is not None and latest >= min_version:
+                self._load(latest)
+            else:
+                time.sleep(0.01)
+        if time.time() - t > 1e-3:
+            spans.append(Span(self.worker_id, "wait_weights", t, time.time()))
+
+    def _load(self, version: int) -> None:
+        """Load ``version``, or the newest one if it was garbage-collected meanwhile."""
+        from tidal.model import CheckpointError
+
+        for attempt in range(5):
+            try:
+                model = self.store.load(version, self.dtype)
+                break
+            except (FileNotFoundError, CheckpointError):
+                if attempt == 4:
+                    raise
+                version = self.store.latest_version()
+        self.engine.load_weights(model, version)
