@@ -2,9 +2,11 @@
 # Set up tidal in ./.venv on a fresh machine: Python >= 3.11, pip, nothing else by hand.
 # Installs the CPU build of torch 2.13.0 only where no torch is importable (a GPU user keeps
 # theirs: the venv then sees the system's packages), then tidal itself with its test extras.
-# As root with apt-get (Debian/Ubuntu, CI), it also installs chromium and chromium-driver, which
-# tests/test_report.py drives to check the HTML report in a real browser.
+# With --test, as root with apt-get (Debian/Ubuntu, CI), it also installs chromium and
+# chromium-driver, which tests/test_report.py drives to check the HTML report in a real browser.
 set -euo pipefail
+WITH_TEST_TOOLS=0
+[ "${1:-}" = "--test" ] && WITH_TEST_TOOLS=1
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then

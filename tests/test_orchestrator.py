@@ -131,3 +131,39 @@ def test_ray_backend_runs_actors(tmp_path, ckpt):
         ray.shutdown()
     assert summary["backend"] == "ray" and summary["steps"] == 2
     assert {s["worker"] for s in records(tmp_path, "worker") if s["state"] == "busy"} == {0, 1}
+
+
+def test_keep_stale_trains_old_trajectories_and_counts_them():
+    state = RunState()
+    kept, hist = staleness_gate([traj(0, [1, 5]), traj(0, [5])], trainer_version=5, max_staleness=1,
+                                state=state, keep_stale=True)
+    assert len(kept) == 2 and state.kept_stale == 1 and state.dropped_stale == 0
+    assert state.max_staleness_seen == 4 and hist == {4: 1, 0: 1}
+
+
+@pytest.mark.slow
+def test_run_killed_mid_flight_resumes_from_last_checkpoint(tmp_path, ckpt):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "tidal", "train", "--run-dir", str(run), "--model.init_from", str(ckpt),
+           *TINY, "--orchestrator.steps", "8", "--orchestrator.checkpoint_every", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        if (run / "metrics.jsonl").is_file() and any(r["step"] >= 3 for r in records(run, "step")):
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (run / "summary.json").exists()
+    resumed = subprocess.run([sys.executable, "-m", "tidal", "train", "--resume", str(run)],
+                             capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 8 and summary["trajectories"] == 8 * 4 * 2
+    assert [s["step"] for s in records(run, "step")] == list(range(1, 9))

@@ -35,6 +35,9 @@ class OrchestratorConfig(Section):
     """Largest trainer version minus the oldest token version allowed in a trained batch. Workers
     generate step s once the trainer reaches version s - max_staleness; 0 = synchronous mode
     (generation and training alternate on the same code path)."""
+    keep_stale: bool = False
+    """Train on trajectories older than max_staleness instead of dropping them (they are counted
+    as kept_stale; the PPO ratio against their recorded behaviour logprobs corrects for them)."""
     in_flight_updates: bool = True
     """Workers load newer weights between decode steps, so a sequence may span versions (each token
     records its own). False: a worker keeps one version for a whole assignment."""

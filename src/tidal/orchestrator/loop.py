@@ -56,6 +56,7 @@ class RunState:
     step: int = 0
     trajectories: int = 0
     dropped_stale: int = 0
+    kept_stale: int = 0
     max_staleness_seen: int = 0
     worker_failures: int = 0
     rl_wall_s: float = 0.0
@@ -83,14 +84,18 @@ def plan_step(cfg: TidalConfig, step: int, first_id: int) -> list[Assignment]:
 
 
 def staleness_gate(trajs: list[Trajectory], trainer_version: int, max_staleness: int,
-                   state: RunState) -> tuple[list[Trajectory], Counter]:
-    """Drop (and count) trajectories whose oldest token is more than max_staleness versions old."""
+                   state: RunState, keep_stale: bool = False) -> tuple[list[Trajectory], Counter]:
+    """Drop (and count) trajectories whose oldest token is more than max_staleness versions old;
+    with ``keep_stale`` keep them for the off-policy-corrected loss, counted as kept_stale.
+    ``max_staleness_seen`` is the largest staleness in what is trained."""
     kept, hist = [], Counter()
     for t in trajs:
         staleness = trainer_version - t.min_version
         if staleness > max_staleness:
-            state.dropped_stale += 1
-            continue
+            if not keep_stale:
+                state.dropped_stale += 1
+                continue
+            state.kept_stale += 1
         hist[staleness] += 1
         state.max_staleness_seen = max(state.max_staleness_seen, staleness)
         kept.append(t)
@@ -278,7 +283,7 @@ class Run:
         oc = self.cfg.orchestrator
         t0 = time.perf_counter()
         trajs = [t for r in sorted(step_results, key=lambda r: r.assignment_id) for t in r.trajectories]
-        trajs, hist = staleness_gate(trajs, self.trainer.version, oc.max_staleness, self.state)
+        trajs, hist = staleness_gate(trajs, self.trainer.version, oc.max_staleness, self.state, oc.keep_stale)
         trajs = complete_groups(trajs, oc.group_size)
         train_metrics = self.trainer.step(Batch(trajs, self.trainer.version)) if trajs else {}
         t1 = time.perf_counter()
@@ -296,6 +301,7 @@ class Run:
             "kind": "step", "step": self.state.step, "version": self.trainer.version,
             "wall_s": self.state.rl_wall_s, **rollout_metrics(trajs),
             "trajectories": len(trajs), "dropped_stale": self.state.dropped_stale,
+            "kept_stale": self.state.kept_stale,
             "staleness_hist": {str(k): v for k, v in sorted(hist.items())},
             "staleness_max": max(hist) if hist else 0,
             "gen_tokens_per_s": gen_tokens / max(gen_s, 1e-9) * len(step_results),
@@ -334,6 +340,7 @@ class Run:
             "steps": s.step,
             "trajectories": s.trajectories,
             "dropped_stale": s.dropped_stale,
+            "kept_stale": s.kept_stale,
             "max_staleness": oc.max_staleness,
             "max_staleness_seen": s.max_staleness_seen,
             "worker_busy_fraction": s.busy_s / max(s.rl_wall_s * oc.num_workers, 1e-9),
