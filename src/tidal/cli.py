@@ -76,7 +76,7 @@ def _rl(cfg, run_dir: Path, info: dict, resume: bool, t0: float) -> int:
 
     summary = run_rl(cfg, run_dir, info["init_checkpoint"], resume=resume)
     summary["pretrain_s"] = info["pretrain_s"]
-    summary["wall_s"] = info["pretrain_s"] + time.perf_counter() - t0 if not resume else None
+    summary["wall_s"] = None if resume else time.perf_counter() - t0  # t0: before mid-training
     summary["plot"] = str(plot_run(run_dir))
     summary["report"] = _report(run_dir)
     path = write_summary(run_dir, summary)

@@ -57,6 +57,7 @@ def _hashed(cfg) -> dict:
         "env": cfg.env.model_dump(mode="json", exclude=NOT_HASHED["env"]),
         "seed": cfg.orchestrator.seed,
         "tidal_version": tidal.__version__,
+        "generator_version": _generator_version(cfg),
         "corpus_files": [_file_identity(p) for p in cfg.pretrain.corpus],
     }
 
@@ -76,3 +77,12 @@ def _publish(staging: Path, root: Path) -> None:
     if root.exists():
         shutil.rmtree(root)
     staging.rename(root)
+
+
+def _generator_version(cfg) -> int | None:
+    """Bumped by a task family whenever its corpus text changes, so old caches are not reused."""
+    if cfg.pretrain.corpus:
+        return None
+    from tidal.tasks import family
+
+    return family.GENERATOR_VERSION

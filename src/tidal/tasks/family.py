@@ -25,6 +25,9 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
+GENERATOR_VERSION = 2
+"""Bump whenever prompts, solutions or the corpus change: it is part of the pretrain cache key."""
+
 # (name, phrase, code line(s) acting on x, needs_constant, python semantics)
 # Code lines are indented one level inside ``def f(x):``; a conditional is a one-line ``if``.
 Op = tuple[str, str, str, bool, Callable[[int, int], int]]
