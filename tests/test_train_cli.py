@@ -41,6 +41,8 @@ def test_train_writes_metrics_summary_plot(tmp_path, tiny_ckpt, capsys):
     assert [e["label"] for e in evals] == ["before", "step 1", "after"]
     assert (run / "reward.png").stat().st_size > 1000
     assert (run / "config.toml").is_file()
+    report = (run / "report.html").read_text()
+    assert "No summary.json" not in report and "plot-workers" in report
     assert "held-out pass@1 after RL" in capsys.readouterr().out
 
 
