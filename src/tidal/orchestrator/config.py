@@ -10,7 +10,7 @@ from tidal.section import Section
 class OrchestratorConfig(Section):
     seed: int = 0
     """Seed for task sampling, model init and sampling."""
-    steps: int = Field(120, ge=0)
+    steps: int = Field(200, ge=0)
     """RL trainer steps."""
     time_budget_s: float = Field(360.0, gt=0)
     """Wall-clock budget for the RL phase, seconds (stops early, still evaluates)."""
@@ -28,9 +28,9 @@ class OrchestratorConfig(Section):
     """Measure held-out pass@1 every this many steps (0 = only before and after)."""
     checkpoint_every: int = Field(50, ge=0)
     """Save a resumable checkpoint every this many steps (0 = only at the end)."""
-    num_threads: int = Field(1, ge=0)
-    """torch CPU threads of the trainer process; 0 = torch's default (one per core). 1 on a small
-    machine, where the rollout workers and the sandboxes need the other cores."""
+    num_threads: int = Field(2, ge=0)
+    """torch CPU threads of the trainer process; 0 = torch's default (one per core). Measured on
+    2 cores with 2 one-thread workers: 2 threads gave 2.1 s/step against 2.8 s/step with 1."""
     max_staleness: int = Field(1, ge=0)
     """Largest trainer version minus the oldest token version allowed in a trained batch. Workers
     generate step s once the trainer reaches version s - max_staleness; 0 = synchronous mode
