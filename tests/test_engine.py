@@ -27,16 +27,6 @@ def make_model(name: str = "tiny", seed: int = 0):
     return build_model(cfg, seed=seed).eval()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls gain nothing from threads, and on a shared machine OpenMP threads waiting
-    for each other make them many times slower; restore the setting for other modules."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def dense():
     return make_model("tiny")

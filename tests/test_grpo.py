@@ -29,17 +29,6 @@ def seg(prompt, completion, logprobs=None, mask=None, experts=None):
         experts=experts,
     )
 
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread avoids OpenMP spin-waiting, which on a busy 2-core machine makes
-    each op hundreds of times slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 # ---------------------------------------------------------------- group_advantages
 
 

@@ -23,16 +23,6 @@ transformers = pytest.importorskip("transformers")
 TOL = 1e-4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: with 2 OpenMP threads on a busy shared 2-core machine a forward
-    spends ~100x longer spin-waiting than computing, so this module runs single-threaded."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def small_cfg(moe: bool = False, tied: bool = True, norm_topk: bool = True) -> ModelConfig:
     return ModelConfig(
         vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,

@@ -17,15 +17,6 @@ from tidal.pretrain.loop import lr_at, pretrain, torch_threads
 TOK = ByteTokenizer()
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread avoids OpenMP spin-waiting on a busy 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def tiny_cfg(tmp_path, **pretrain):
     return TidalConfig.model_validate({
         "model": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,

@@ -8,7 +8,6 @@ import json
 
 import pytest
 
-from tidal.cli import main
 from tidal.config import load_config
 from tidal.orchestrator.loop import run_rl
 from tidal.pretrain.loop import pretrain

@@ -10,7 +10,6 @@ from __future__ import annotations
 import glob
 import logging
 import os
-import signal
 import socket
 import stat
 import subprocess

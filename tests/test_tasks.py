@@ -36,22 +36,24 @@ def test_reference_solution_matches_hidden_tests():
         assert all(ns["f"](x) == y == evaluate(task.spec, x) for x, y in task.tests)
 
 
+def wrong_documents(docs: list[str]) -> int:
+    """Documents whose own code disagrees with the example in their prompt."""
+    wrong = 0
+    for d in docs:
+        ns: dict = {}
+        exec(d, ns)
+        examples = d.split("\n")[1][len("# Examples: "):].split(", ")  # "f(a) == b, ..."
+        if any(str(ns["f"](int(p.split("(")[1].split(")")[0]))) != p.split("== ")[1] for p in examples):
+            wrong += 1
+    return wrong
+
+
 def test_corpus_from_training_split_only_with_bugs():
     env = load_config().env
     docs = build_corpus(env, 400, seed=0)
     assert len(docs) == 400
     held_prompts = {t.prompt.split("\n")[0] for t in sample_tasks(env, 300, seed=0, heldout=True)}
     assert not held_prompts & {d.split("\n")[0] for d in docs}
-    wrong = 0
-    for d in docs:
-        ns: dict = {}
-        exec(d, ns)
-        task_line = d.split("\n")[1]  # "# Examples: f(a) == b, ..."
-        if any(str(ns["f"](int(p.split("(")[1].split(")")[0]))) != p.split("== ")[1]
-               for p in task_line[len("# Examples: "):].split(", ")):
-            wrong += 1
-    assert 0.15 < wrong / len(docs) < 0.7  # a realistic share of buggy solutions
+    assert 0.15 < wrong_documents(docs) / len(docs) < 0.7  # a realistic share of buggy solutions
     clean = build_corpus(load_config(None, ["--env.corpus_bug_rate", "0"]).env, 100, seed=0)
-    for d in clean:
-        ns = {}
-        exec(d, ns)
+    assert wrong_documents(clean) == 0

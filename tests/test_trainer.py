@@ -55,17 +55,6 @@ def on_policy_batch(model, seed=0, groups=3, group_size=4, with_experts=False, e
 def params_of(model):
     return [p.detach().clone() for p in model.parameters()]
 
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread avoids OpenMP spin-waiting, which on a busy 2-core machine makes
-    each op hundreds of times slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 # ---------------------------------------------------------------- step
 
 

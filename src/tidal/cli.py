@@ -34,9 +34,7 @@ def _load(args, rest):
 
 
 def _print_config(cfg) -> None:
-    from tidal.config.dump import to_toml
-
-    print(to_toml(cfg.model_dump(mode="json")))
+    print(_config_toml(cfg), end="")
 
 
 def cmd_train(args, rest) -> int:

@@ -157,13 +157,18 @@ class Engine:
         finished, self._finished_elsewhere = self._finished_elsewhere, []
         return finished + self._step()
 
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+    def generate(self, requests: list[GenerationRequest],
+                 before_step=None) -> list[GenerationResult]:
         """Run ``requests`` to completion; results in request order. Other requests already in
-        the engine keep running; those that finish meanwhile are returned by the next ``step``."""
+        the engine keep running; those that finish meanwhile are returned by the next ``step``.
+        ``before_step()``, if given, runs before every decode step (a rollout worker loads newer
+        weights there: in-flight updates)."""
         ids = [self.submit(r) for r in requests]
         wanted = set(ids)
         done: dict[int, GenerationResult] = {}
         while len(done) < len(ids):
+            if before_step is not None:
+                before_step()
             for result in self._step():
                 if result.request_id in wanted:
                     done[result.request_id] = result

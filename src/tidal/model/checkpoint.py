@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import uuid
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from tidal.fsutil import replace_dir
 from tidal.model.config import ModelConfig
 from tidal.model.qwen3 import CausalLM
 
@@ -366,10 +366,4 @@ def save_pretrained(model: CausalLM, path: str | Path, tokenizer=None) -> None:
     if tokenizer is not None:
         tokenizer.save(tmp)
     (tmp / COMPLETE_MARKER).write_text("")
-    if folder.exists():
-        old = folder.parent / f".{folder.name}.old-{uuid.uuid4().hex[:8]}"
-        folder.rename(old)
-        tmp.rename(folder)
-        shutil.rmtree(old)
-    else:
-        tmp.rename(folder)
+    replace_dir(tmp, folder)

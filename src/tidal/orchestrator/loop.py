@@ -27,6 +27,7 @@ RL, every ``eval_every`` steps and after RL, on the same tasks with the same sam
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
@@ -62,6 +63,10 @@ class RunState:
     rl_wall_s: float = 0.0
     busy_s: float = 0.0
     evals: list[dict] = field(default_factory=list)
+
+    def worker_busy_fraction(self, num_workers: int) -> float:
+        """Generating + grading time over the workers' combined RL wall time."""
+        return self.busy_s / max(self.rl_wall_s * num_workers, 1e-9)
 
 
 def training_tasks(cfg: TidalConfig, step: int) -> list[Task]:
@@ -136,12 +141,13 @@ class Run:
             torch.set_num_threads(oc.num_threads)
         policy = from_pretrained(init_checkpoint, dtype=torch.float32)
         self.trainer = Trainer(policy, cfg.trainer, temperature=cfg.engine.temperature)
-        serving = from_pretrained(init_checkpoint, dtype=getattr(torch, cfg.model.dtype))
+        serving = copy.deepcopy(policy).to(getattr(torch, cfg.model.dtype))
         self.eval_engine = Engine(serving, load_tokenizer(init_checkpoint), cfg.engine, version=0)
         self.sandbox = Sandbox(cfg.env.sandbox)
         self.heldout = get_family(cfg.env.name)(cfg.env, oc.heldout_tasks, oc.heldout_seed, heldout=True)
         self.store = FilesystemWeightStore(run_dir / "weights")
         self.state = RunState()
+        self._last_step_wall = 0.0
         self.worker_cls = worker_cls
         self.log = MetricsLog(run_dir / "metrics.jsonl")
         self.tb = _tensorboard(run_dir)
@@ -164,6 +170,7 @@ class Run:
         extra = load_checkpoint(path, self.trainer)
         self.state = RunState(**extra["state"])
         restore_rng_state(extra["rng"])
+        self._last_step_wall = self.state.rl_wall_s
         self.log.close()
         trim_metrics(self.run_dir / "metrics.jsonl", self.state)
         self.log = MetricsLog(self.run_dir / "metrics.jsonl")
@@ -193,7 +200,6 @@ class Run:
         return LocalPool(lambda i: self.worker_cls(self.cfg, self.init_checkpoint, root, i), oc.num_workers)
 
     def run(self) -> dict:
-        oc = self.cfg.orchestrator
         resumed = self.state.step > 0
         if not resumed:
             self.before = self.evaluate("before")
@@ -308,11 +314,11 @@ class Run:
             "train_tokens_per_s": train_tokens / max(t1 - t0, 1e-9),
             "generate_s": gen_s, "grade_s": sum(r.grade_s for r in step_results),
             "train_s": t1 - t0, "publish_s": t2 - t1,
-            "worker_busy_fraction": self.state.busy_s / max(self.state.rl_wall_s * oc.num_workers, 1e-9),
+            "worker_busy_fraction": self.state.worker_busy_fraction(oc.num_workers),
             "worker_failures": self.state.worker_failures,
             **{f"train/{k}": v for k, v in train_metrics.items()},
         }
-        record["step_time_s"] = record["wall_s"] - getattr(self, "_last_step_wall", 0.0)
+        record["step_time_s"] = record["wall_s"] - self._last_step_wall
         self._last_step_wall = record["wall_s"]
         self._write(record)
         return record
@@ -343,7 +349,7 @@ class Run:
             "kept_stale": s.kept_stale,
             "max_staleness": oc.max_staleness,
             "max_staleness_seen": s.max_staleness_seen,
-            "worker_busy_fraction": s.busy_s / max(s.rl_wall_s * oc.num_workers, 1e-9),
+            "worker_busy_fraction": s.worker_busy_fraction(oc.num_workers),
             "worker_failures": s.worker_failures,
             "num_workers": oc.num_workers,
             "backend": oc.backend,
@@ -392,6 +398,3 @@ def write_summary(run_dir: str | Path, summary: dict) -> Path:
     write_json_atomic(path, summary)
     return path
 
-
-def read_run_info(run_dir: Path) -> dict:
-    return json.loads((run_dir / "run_info.json").read_text())

@@ -6,6 +6,7 @@ a batch can be checked for staleness and an asynchronous pipeline needs no chang
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from tidal.engine.request import GenerationRequest, GenerationResult
@@ -44,15 +45,16 @@ def to_trajectory(task: Task, group_id: int, result: GenerationResult, grade: Gr
 
 
 def sample_and_grade(engine, sandbox, tasks: list[Task], samples_per_task: int,
-                     group_offset: int = 0) -> tuple[list[Trajectory], RolloutStats]:
-    """``samples_per_task`` trajectories per task; group ids are ``group_offset + task index``."""
-    import time
-
+                     group_ids: list[int] | None = None,
+                     before_step=None) -> tuple[list[Trajectory], RolloutStats]:
+    """``samples_per_task`` trajectories per task; task i's samples form group ``group_ids[i]``
+    (default: i). ``before_step`` is passed to ``Engine.generate``."""
+    group_ids = group_ids if group_ids is not None else list(range(len(tasks)))
     t0 = time.perf_counter()
-    results = engine.generate(requests_for(tasks, engine.tokenizer, samples_per_task))
+    results = engine.generate(requests_for(tasks, engine.tokenizer, samples_per_task), before_step)
     t1 = time.perf_counter()
     grades = grade_many(sandbox, [tasks[r.tag] for r in results], [r.text for r in results])
     t2 = time.perf_counter()
-    trajs = [to_trajectory(tasks[r.tag], group_offset + r.tag, r, g) for r, g in zip(results, grades)]
+    trajs = [to_trajectory(tasks[r.tag], group_ids[r.tag], r, g) for r, g in zip(results, grades)]
     tokens = sum(len(r.token_ids) for r in results)
     return trajs, RolloutStats(tokens, t1 - t0, t2 - t1)

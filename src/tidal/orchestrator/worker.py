@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tidal.orchestrator.rollout import requests_for, to_trajectory
-from tidal.tasks import Task, grade_many
+from tidal.orchestrator.rollout import sample_and_grade
+from tidal.tasks import Task
 from tidal.types import Trajectory
 
 
@@ -73,24 +73,13 @@ class RolloutWorker:
     def rollout(self, assignment: Assignment) -> RolloutResult:
         spans: list[Span] = []
         self._wait_for_version(assignment.min_version, spans)
+        reload = (lambda: self._maybe_reload(spans)) if self.in_flight_updates else None
         t0 = time.time()
-        reqs = requests_for(assignment.tasks, self.engine.tokenizer, self.cfg.orchestrator.group_size)
-        for r in reqs:
-            self.engine.submit(r)
-        results = []
-        while self.engine.has_work:
-            if self.in_flight_updates:
-                self._maybe_reload(spans)
-            results.extend(self.engine.step())
-        results.sort(key=lambda r: r.request_id)
-        t1 = time.time()
-        tasks = assignment.tasks
-        grades = grade_many(self.sandbox, [tasks[r.tag] for r in results], [r.text for r in results])
-        t2 = time.time()
-        trajs = [to_trajectory(tasks[r.tag], assignment.group_ids[r.tag], r, g) for r, g in zip(results, grades)]
-        spans.append(Span(self.worker_id, "busy", t0, t2))
+        trajs, stats = sample_and_grade(self.engine, self.sandbox, assignment.tasks,
+                                        self.cfg.orchestrator.group_size, assignment.group_ids, reload)
+        spans.append(Span(self.worker_id, "busy", t0, time.time()))
         return RolloutResult(assignment.assignment_id, assignment.step, self.worker_id, trajs,
-                             sum(len(r.token_ids) for r in results), t1 - t0, t2 - t1, spans)
+                             stats.generated_tokens, stats.generate_s, stats.grade_s, spans)
 
     def _maybe_reload(self, spans: list[Span]) -> None:
         latest = self.store.latest_version()

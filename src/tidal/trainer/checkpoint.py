@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tidal.fsutil import fsync_dir, replace_dir
 from tidal.model import CheckpointError, from_pretrained, save_pretrained
 from tidal.trainer.trainer import Trainer
 
@@ -64,7 +65,7 @@ def save_checkpoint(trainer: Trainer, path: str | Path, extra: dict | None = Non
         state = {"trainer": trainer.state_dict(), "extra": extra or {}}
         torch.save(state, inner / TRAINER_STATE)
         _fsync_tree(inner)
-        _replace_dir(inner, path)
+        replace_dir(inner, path)
         _write_marker(path, trainer.version)
     except OSError as e:
         shutil.rmtree(staging, ignore_errors=True)
@@ -165,27 +166,7 @@ def _fsync_tree(folder: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-    _fsync_dir(folder)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _replace_dir(src: Path, dst: Path) -> None:
-    """Rename src to dst; an existing dst is moved aside first and deleted after."""
-    old = None
-    if dst.exists():
-        old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
-        dst.rename(old)
-    src.rename(dst)
-    _fsync_dir(dst.parent)
-    if old is not None:
-        shutil.rmtree(old)
+    fsync_dir(folder)
 
 
 def _write_marker(path: Path, version: int) -> None:
@@ -195,4 +176,4 @@ def _write_marker(path: Path, version: int) -> None:
         f.flush()
         os.fsync(f.fileno())
     tmp.rename(path / COMPLETE)
-    _fsync_dir(path)
+    fsync_dir(path)

@@ -1,0 +1,32 @@
+"""Atomic folder hand-offs shared by every writer of folders (model, trainer checkpoints, weights).
+
+A folder is written under a hidden staging name beside its target and renamed into place, so a
+reader sees either the previous complete folder or the new complete one, never a half-written one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+
+def fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_dir(src: Path, dst: Path) -> None:
+    """Rename ``src`` to ``dst``; an existing ``dst`` is moved aside first and deleted after."""
+    old = None
+    if dst.exists():
+        old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
+        dst.rename(old)
+    src.rename(dst)
+    fsync_dir(dst.parent)
+    if old is not None:
+        shutil.rmtree(old)
