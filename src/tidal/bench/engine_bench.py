@@ -1,6 +1,6 @@
 """Decode throughput of tidal's Engine against transformers' ``generate`` on the same weights.
 
-    python -m tidal.bench.engine_bench --preset tiny --batch-sizes 1 16 64 --json engine.json
+    python -m tidal.bench.engine_bench --preset tiny --batch-sizes 1,16,64 --json engine.json
     tidal bench engine --batch-sizes 1,16,64 --threads 1 --runs 3     # the same, from the CLI
 
 One model is built from a preset with a fixed seed, saved with ``save_pretrained`` and loaded
@@ -22,7 +22,6 @@ table names the thread count and the torch and transformers versions measured.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -34,6 +33,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
+from tidal.bench.common import write_json  # noqa: E402
 from tidal.engine.config import EngineConfig  # noqa: E402
 from tidal.engine.engine import Engine  # noqa: E402
 from tidal.engine.request import GenerationRequest  # noqa: E402
@@ -131,7 +131,7 @@ def _run(preset, batch_sizes, new_tokens, json_path, prompt_len, runs, seed) -> 
     }
     _print_table(result)
     if json_path is not None:
-        _write_json_atomic(Path(json_path), result)
+        write_json(json_path, result)
     return result
 
 
@@ -163,27 +163,25 @@ def _print_table(result: dict) -> None:
     Console().print(table)
 
 
-def _write_json_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="tiny")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of ``tidal bench engine`` (and ``python -m tidal.bench.engine_bench``)."""
+    p.add_argument("--preset", default="tiny", help="model preset (tiny, tiny-moe, small)")
+    p.add_argument("--batch-sizes", default="1,16,64", help="comma-separated batch sizes")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
                    help="torch threads for both sides (default 1: see the module docstring)")
     p.add_argument("--runs", type=int, default=DEFAULT_RUNS,
                    help="timed runs per side, median reported")
     p.add_argument("--json", default=None, help="write the results here")
-    a = p.parse_args(argv)
-    run_engine_bench(a.preset, tuple(a.batch_sizes), a.new_tokens, a.json, runs=a.runs,
-                     threads=a.threads)
+
+
+def run_from_args(a: argparse.Namespace) -> int:
+    sizes = tuple(int(b) for b in a.batch_sizes.split(","))
+    run_engine_bench(a.preset, sizes, a.new_tokens, a.json, runs=a.runs, threads=a.threads)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    raise SystemExit(run_from_args(parser.parse_args()))

@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from tidal.errors import UserError
+
 if TYPE_CHECKING:
     from tidal.config import TidalConfig
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config the user wrote is wrong; the message names the key and what to fix."""
 
 

@@ -24,6 +24,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from tidal.errors import UserError
 from tidal.fsutil import replace_dir
 from tidal.model.config import ModelConfig
 from tidal.model.qwen3 import CausalLM
@@ -52,7 +53,7 @@ _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
 """Tensors some old checkpoints store that carry no information (recomputed from rope_theta)."""
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint folder that cannot be loaded; the message names what to fix."""
 
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 
+from tidal.errors import UserError
 
-class OrchestratorError(RuntimeError):
+
+class OrchestratorError(UserError, RuntimeError):
     """The orchestrator cannot run (e.g. Ray failed to start); the message says why and what to do."""
 
 

@@ -15,10 +15,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tidal.errors import UserError
 from tidal.model.tokenizer import ByteTokenizer
 
 
-class CorpusError(ValueError):
+class CorpusError(UserError, ValueError):
     """A corpus file the user named cannot be read; the message names the file (and line)."""
 
 

@@ -1,30 +1,10 @@
-"""`tidal` command line: train, pretrain, eval, bench, report.
-
-Config overrides are dotted flags after the known ones: ``tidal train --trainer.lr 1e-6``.
-User errors (a bad config, a missing or corrupt checkpoint) print one clear line and exit 2.
-"""
+"""`tidal train | pretrain | eval | report`: the main job and what inspects its results."""
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import sys
 import time
 from pathlib import Path
-
-# Before torch loads: idle OpenMP threads must not spin on a small machine shared with sandboxes.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-
-def _user_errors():
-    """Errors a user can cause and fix: printed as one line, exit status 2."""
-    from tidal.config import ConfigError
-    from tidal.model import CheckpointError
-    from tidal.orchestrator.pool import OrchestratorError
-    from tidal.sandbox import SandboxError
-
-    return (ConfigError, CheckpointError, OrchestratorError, SandboxError)
 
 
 def _load(args, rest):
@@ -130,19 +110,6 @@ def cmd_eval(args, rest) -> int:
     return 0
 
 
-def cmd_bench(args, rest) -> int:
-    if rest:
-        raise SystemExit(f"tidal bench: unexpected arguments {rest}")
-    if args.what == "engine":
-        from tidal.bench.engine_bench import run_engine_bench
-
-        sizes = tuple(int(b) for b in args.batch_sizes.split(","))
-        given = {k: v for k, v in (("runs", args.runs), ("threads", args.threads)) if v is not None}
-        run_engine_bench(preset=args.preset, batch_sizes=sizes, new_tokens=args.new_tokens,
-                         json_path=args.json, **given)
-    return 0
-
-
 def cmd_report(args, rest) -> int:
     if rest:
         raise SystemExit(f"tidal report: unexpected arguments {rest}")
@@ -158,10 +125,7 @@ def cmd_report(args, rest) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tidal", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
-
+def add_parsers(sub) -> None:
     t = sub.add_parser("train", help="the main job: mid-train if needed, then RL, then report")
     t.add_argument("config", nargs="?", help="TOML recipe (default: the built-in recipe)")
     t.add_argument("--run-dir", help="where metrics, checkpoints and the summary go")
@@ -181,46 +145,6 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--tasks", type=int, help="held-out tasks (default orchestrator.heldout_tasks)")
     e.set_defaults(fn=cmd_eval)
 
-    b = sub.add_parser("bench", help="benchmarks against peers (print tables, write JSON)")
-    b.add_argument("what", choices=["engine"])
-    b.add_argument("--preset", default="tiny", help="model preset (tiny, tiny-moe, small)")
-    b.add_argument("--batch-sizes", default="1,16,64")
-    b.add_argument("--new-tokens", type=int, default=64)
-    b.add_argument("--runs", type=int, help="timed runs per side, median reported (default 3)")
-    b.add_argument("--threads", type=int,
-                   help="torch threads for both sides (default 1: tiny matmuls on shared cores "
-                        "spin-wait with more)")
-    b.add_argument("--json", help="write results here")
-    b.set_defaults(fn=cmd_bench)
-
     r = sub.add_parser("report", help="write RUN_DIR/report.html: summary, reward, staleness, workers, throughput")
     r.add_argument("run_dir", help="a run directory holding metrics.jsonl")
     r.set_defaults(fn=cmd_report)
-    return p
-
-
-def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
-    """Separate dotted config overrides (``--section.key VALUE`` or ``--section.key=VALUE``)."""
-    known, overrides = [], []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        key = arg[2:].split("=", 1)[0]
-        if arg.startswith("--") and "." in key and not arg.startswith(("--run-dir", "--resume")):
-            take = 1 if "=" in arg else 2
-            overrides.extend(argv[i:i + take])
-            i += take
-        else:
-            known.append(arg)
-            i += 1
-    return known, overrides
-
-
-def main(argv: list[str] | None = None) -> int:
-    known, rest = split_overrides(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(known)
-    try:
-        return args.fn(args, rest)
-    except _user_errors() as e:
-        print(f"tidal {args.command}: error: {e}", file=sys.stderr)
-        return 2
