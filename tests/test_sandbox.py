@@ -49,8 +49,8 @@ def make_config(backend: str, **overrides) -> SandboxConfig:
     """backend: "bwrap", "subprocess" or "auto", with "-warm" appended for a warm pool."""
     name, _, warm = backend.partition("-")
     python = subprocess_python() if name == "subprocess" else ""
-    return SandboxConfig(backend=name, python=python, warm_pool=2 if warm else 0,
-                         **{**FAST, **overrides})
+    return SandboxConfig(**{"backend": name, "python": python, "warm_pool": 2 if warm else 0,
+                            **FAST, **overrides})
 
 
 @pytest.fixture(scope="module", params=["bwrap", "bwrap-warm", "subprocess", "subprocess-warm"])

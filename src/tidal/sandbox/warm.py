@@ -12,7 +12,8 @@ environment as a cold run, with stdin a pipe from tidal. BOOT reads one job (mar
 stdin, and either argv to exec or Python code to run) until tidal closes the pipe, writes the
 files into its own workspace (from inside, so a rollout's overlay is only ever changed through
 the mount), makes fd 0 the job's stdin, and then either execs argv or runs the code as
-`__main__` in this same interpreter. Reading EOF with no job means tidal discarded it unused.
+`__main__` in this same interpreter (argv, __file__ and sys.path[0] set as `python main.py`
+would set them). Reading EOF with no job means tidal discarded it unused.
 
 Warm sandboxes are launched on the pool's own long-lived thread: bwrap's --die-with-parent and
 setpriv's --pdeathsig fire when the *thread* that started them ends, so a sandbox launched from
@@ -24,6 +25,7 @@ from __future__ import annotations
 import logging
 import marshal
 import os
+import select
 import subprocess
 import threading
 import time
@@ -98,8 +100,9 @@ if _job["argv"] is not None:
         os.write(2, ("tidal-sandbox: cannot run %s: %s\\n" % (_job["argv"][0], _e.strerror)).encode())
         os._exit(127)
 sys.argv = [_job["main"]]
+sys.path[0] = os.path.dirname(os.path.abspath(_job["main"]))
 _main = type(sys)("__main__")
-_main.__file__ = _job["main"]
+_main.__file__ = os.path.abspath(_job["main"])
 _main.__builtins__ = __builtins__
 sys.modules["__main__"] = _main
 _code = compile(_job["code"], _job["main"], "exec")
@@ -151,6 +154,9 @@ class Slot:
         """Hand the job over and watch it; None if the sandbox had died while waiting (it is
         then discarded)."""
         started = time.monotonic()
+        if not self.waiting():
+            self.discard()
+            return None
         try:
             _write_all(self.launched.proc.stdin, job)
         except BrokenPipeError:
@@ -158,6 +164,17 @@ class Slot:
             return None
         with self._cleanup:
             return watch(self.launched, started, cfg)
+
+    def waiting(self) -> bool:
+        """Whether the sandbox is still alive (it may have been killed while it waited, say by
+        the OOM killer). Checked through a pidfd so that the process is not reaped here."""
+        pidfd = os.pidfd_open(self.launched.proc.pid)
+        exited = select.poll()  # (not select.select: pidfds may be numbered above 1024)
+        exited.register(pidfd, select.POLLIN)  # readable once the process has exited
+        try:
+            return not exited.poll(0)
+        finally:
+            os.close(pidfd)
 
     def discard(self) -> None:
         """Tear the sandbox down unused."""
