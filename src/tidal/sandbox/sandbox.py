@@ -14,12 +14,29 @@ reach, and generated code is simply buggy. Assume it tries to
   exhaust resources     infinite loops, memory hogs, fork bombs, output floods, huge files
   outlive the run       setsid + double fork into a daemon that keeps running
   hit the supervisor    kill its parent, pid 1 or the trainer; inject keystrokes (TIOCSTI)
+  reach other rollouts   change the task image that all rollouts of a task share, or another
+                        rollout's files; leave something (a file, a process, a patched module)
+                        for the next program that lands in the same warm sandbox
 Gaming the grader itself (printing a fake verdict) is handled by tasks/grading.py's nonce.
 
 Every run gets a fresh workspace (a temp dir deleted afterwards, or the caller's dir), a fixed
 environment (PATH, LANG, PYTHONDONTWRITEBYTECODE, PYTHONHASHSEED=0, HOME=TMPDIR=workspace:
 nothing from the host), rlimits (CPU, address space, file size, no core files), a wall-clock
 limit and a per-stream output cap; after run() returns nothing it started is alive.
+
+Rollouts (`Sandbox.rollout(TaskImage)`, rollout.py) keep one workspace across a rollout's runs,
+copy-on-write over the task's image: on bwrap an overlayfs whose upper layer is the rollout's
+own dir, elsewhere a copy of the image. The image lives in a 0700 dir that no run's uid can
+reach and that bwrap never mounts except as a read-only lower layer, so no run writes it, and
+no rollout sees another's layer. Each run of a rollout is still its own sandbox (namespaces,
+uid, limits); only the workspace's files carry over, which is the point.
+
+Warm sandboxes (warm.py) are started before their program exists, with every confinement of a
+cold run already in place, and each runs exactly one program: the program is handed over a
+pipe, and the sandbox is torn down after it like a cold one. Nothing carries from one program
+to the next (tested: files, environment, builtins, processes). The program runs in the
+interpreter BOOT started, so BOOT's few lines are in its traceback and `marshal` is already
+imported; its CPU limit also counts BOOT's start-up (milliseconds).
 
 What each backend guarantees (`Sandbox.guarantees` names them; tests check each by attack):
 
