@@ -52,3 +52,19 @@ def test_exec_error_is_one_clear_line(capsys, args, words):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith("tidal sandbox: error:") and words in captured.err
+
+
+def test_bench_sandbox_writes_the_keys(tmp_path, capsys):
+    path = tmp_path / "sandbox.json"
+    assert main(["bench", "sandbox", "--runs", "2", "--gap-ms", "0", "--concurrency", "3",
+                 "--image-files", "3", "--json", str(path)]) == 0
+    results = json.loads(path.read_text())
+    assert results["plain"]["failures"] == 0 and results["plain"]["p50_ms"] > 0
+    for name in ("bwrap", "bwrap_warm", "subprocess", "subprocess_warm"):
+        if name in results["unavailable"]:
+            continue
+        r = results[name]
+        assert r["failures"] == 0 and r["p99_ms"] >= r["p50_ms"] > 0
+        assert (r["max_concurrent_ok"], r["concurrency_failures"]) == (3, {"3": 0})
+    assert "subprocess" in results  # the fallback runs everywhere
+    assert "p50 ms" in capsys.readouterr().out
