@@ -1,6 +1,8 @@
 """The sandbox, attack by attack (threat model: src/tidal/sandbox/sandbox.py).
 
-Every attack runs on every backend that works on this machine. A backend that does not claim a
+Every attack runs on every backend that works on this machine, both cold (a sandbox started
+per run) and through the warm pool (a pre-started sandbox handed the program). A backend that
+does not claim a
 property (Sandbox.guarantees) is xfailed for that attack with the reason, without running it:
 some attacks (kill -1, killing the test runner) would hurt the host if the property is absent.
 """
@@ -44,14 +46,17 @@ def subprocess_python() -> str:
 
 
 def make_config(backend: str, **overrides) -> SandboxConfig:
-    python = subprocess_python() if backend == "subprocess" else ""
-    return SandboxConfig(backend=backend, python=python, **{**FAST, **overrides})
+    """backend: "bwrap", "subprocess" or "auto", with "-warm" appended for a warm pool."""
+    name, _, warm = backend.partition("-")
+    python = subprocess_python() if name == "subprocess" else ""
+    return SandboxConfig(**{"backend": name, "python": python, "warm_pool": 2 if warm else 0,
+                            **FAST, **overrides})
 
 
-@pytest.fixture(scope="module", params=["bwrap", "subprocess"])
+@pytest.fixture(scope="module", params=["bwrap", "bwrap-warm", "subprocess", "subprocess-warm"])
 def backend(request) -> str:
     try:
-        Sandbox(make_config(request.param))
+        Sandbox(make_config(request.param)).close()
     except SandboxError as e:
         pytest.skip(f"{request.param} backend unusable here: {e}")
     return request.param
@@ -59,7 +64,8 @@ def backend(request) -> str:
 
 @pytest.fixture(scope="module")
 def sandbox(backend) -> Sandbox:
-    return Sandbox(make_config(backend))
+    with Sandbox(make_config(backend)) as sandbox:
+        yield sandbox
 
 
 def needs(sandbox: Sandbox, *properties: str) -> None:
@@ -374,15 +380,15 @@ def test_memory_hog(sandbox):
 
 
 def test_infinite_loop_hits_wall_clock(backend):
-    sandbox = Sandbox(make_config(backend, timeout_s=1.0, cpu_s=30))
-    r = sandbox.run_python("while True:\n    pass")
+    with Sandbox(make_config(backend, timeout_s=1.0, cpu_s=30)) as sandbox:
+        r = sandbox.run_python("while True:\n    pass")
     assert (r.killed_reason, r.exit_code) == ("timeout", None)
     assert 1.0 <= r.wall_s < 1.0 + SLACK_S
 
 
 def test_infinite_loop_hits_cpu_limit(backend):
-    sandbox = Sandbox(make_config(backend, timeout_s=20.0, cpu_s=1))
-    r = sandbox.run_python("while True:\n    pass")
+    with Sandbox(make_config(backend, timeout_s=20.0, cpu_s=1)) as sandbox:
+        r = sandbox.run_python("while True:\n    pass")
     assert r.killed_reason == "cpu", (r.killed_reason, r.exit_code, r.stderr)
     assert r.wall_s < 10.0  # well before the wall clock: the CPU limit stopped it
 

@@ -7,4 +7,6 @@ Modules are imported only when their benchmark runs (most import torch).
 
 BENCHMARKS = {
     "engine": ("tidal.bench.engine_bench", "decode tokens/s of tidal's engine vs transformers generate"),
+    "sandbox": ("tidal.bench.sandbox_bench",
+                "sandbox start-to-result latency and concurrency per backend vs a plain subprocess"),
 }

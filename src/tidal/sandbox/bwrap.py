@@ -3,7 +3,10 @@
 The program sees a tmpfs root holding only: the runtime read-only (/usr, the /bin and /lib*
 entries, /etc/ld.so.cache, the interpreter's install prefix), a minimal /dev, a /proc of its
 own pid namespace, and its workspace read-write at /workspace (also reachable as /tmp and
-/dev/shm, so tempfile and multiprocessing work). /root, /home, /work, the host /tmp and /etc
+/dev/shm, so tempfile and multiprocessing work). A rollout's workspace over a task image is an
+overlayfs at /workspace instead (`Overlay`): the image is its read-only lower layer, the
+rollout's host dir its upper layer; /dev/shm is then a small tmpfs of its own, since the upper
+layer must not be touched except through the overlay while it is mounted. /root, /home, /work, the host /tmp and /etc
 are absent; where a prefix lives under one (~/.pyenv/...), only the path down to it exists. Its
 network namespace holds only a loopback nobody else uses.
 
@@ -30,6 +33,7 @@ import select
 import shutil
 import signal
 import subprocess
+from dataclasses import dataclass
 
 from tidal.sandbox.config import SandboxConfig
 from tidal.sandbox.limits import Tools, confine_argv, program_env
@@ -45,6 +49,26 @@ RUNTIME_FILES = ("/etc/ld.so.cache",)
 ROOT_CAPABILITIES = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")
 """All bwrap keeps when run as root: what setpriv needs to become the run's uid, which then
 drops every capability."""
+
+
+@dataclass(frozen=True)
+class Overlay:
+    """A copy-on-write workspace: the run's host workspace dir is the upper (written) layer."""
+
+    image: str
+    """Host path of the read-only lower layer (a TaskImage)."""
+    work: str
+    """overlayfs's work dir: empty at first, on the same filesystem as the upper dir."""
+
+
+def workspace_mounts(workspace: str, overlay: Overlay | None, shm_bytes: int) -> list[str]:
+    """bwrap arguments that put the run's workspace at /workspace, /tmp and /dev/shm."""
+    if overlay is None:
+        return ["--bind", workspace, WORKSPACE, "--bind", workspace, "/dev/shm",
+                "--symlink", WORKSPACE, "/tmp"]
+    return ["--overlay-src", overlay.image, "--overlay", workspace, overlay.work, WORKSPACE,
+            "--perms", "1777", "--size", str(shm_bytes), "--tmpfs", "/dev/shm",
+            "--symlink", WORKSPACE, "/tmp"]
 
 
 def find_bwrap(configured: str) -> str | None:
@@ -117,12 +141,11 @@ class BwrapRunner:
         # Without root, bwrap's init shares the namespace's uid and so counts against the limit.
         self.nproc = cfg.max_processes + (0 if self.as_root else 1)
 
-    def launch(self, argv: list[str], workspace: str, uid: int | None, stdin) -> "BwrapRun":
+    def launch(self, argv: list[str], workspace: str, uid: int | None, stdin,
+               overlay: Overlay | None = None) -> "BwrapRun":
         info_read, info_write = os.pipe()
         cmd = [*self.fixed,
-               "--bind", workspace, WORKSPACE,
-               "--bind", workspace, "/dev/shm",
-               "--symlink", WORKSPACE, "/tmp",
+               *workspace_mounts(workspace, overlay, self.cfg.max_file_bytes),
                "--chdir", WORKSPACE,
                "--info-fd", str(info_write),
                *confine_argv(self.tools, self.cfg, uid, self.nproc),

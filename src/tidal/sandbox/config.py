@@ -25,6 +25,15 @@ class SandboxConfig(Section):
     max_file_bytes: int = Field(1 << 20, ge=1024)
     """Largest single file the program may write (RLIMIT_FSIZE), bytes. The number of files is
     not limited (see the threat model)."""
+    warm_pool: int = Field(2, ge=0, le=1024)
+    """Sandboxes kept pre-started (namespaces set up, interpreter running, waiting for a program
+    on a pipe) so that start-up overlaps generation; each serves exactly one run and is then
+    torn down. Also makes each open rollout pre-start its next run. 0 = every run starts cold."""
+    copy_on_write: Literal["auto", "overlay", "copy"] = "auto"
+    """How a rollout's workspace sits over its read-only task image. overlay = an overlayfs
+    mounted by bwrap (writes land in the rollout's own upper dir; nothing is copied); copy = a
+    full copy of the image per rollout (works on every backend). auto = overlay where bwrap can
+    mount one, else copy."""
     concurrency: int = Field(2, ge=1)
     """Sandboxes run in parallel when grading a batch."""
     python: str = ""

@@ -29,7 +29,10 @@ class PlainRunner:
         self.guarantees = frozenset({"env", "limits"} | (
             {"user", "processes", "cleanup"} if drop_privileges else set()))
 
-    def launch(self, argv: list[str], workspace: str, uid: int | None, stdin) -> "PlainRun":
+    def launch(self, argv: list[str], workspace: str, uid: int | None, stdin,
+               overlay=None) -> "PlainRun":
+        if overlay is not None:  # rollouts on this backend copy their image instead
+            raise ValueError("the subprocess backend cannot mount an overlay")
         # Without a uid of its own, RLIMIT_NPROC would count all of tidal's user's processes.
         nproc = self.cfg.max_processes if uid is not None else None
         cmd = [*confine_argv(self.tools, self.cfg, uid, nproc), *argv]

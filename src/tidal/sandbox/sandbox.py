@@ -14,12 +14,29 @@ reach, and generated code is simply buggy. Assume it tries to
   exhaust resources     infinite loops, memory hogs, fork bombs, output floods, huge files
   outlive the run       setsid + double fork into a daemon that keeps running
   hit the supervisor    kill its parent, pid 1 or the trainer; inject keystrokes (TIOCSTI)
+  reach other rollouts   change the task image that all rollouts of a task share, or another
+                        rollout's files; leave something (a file, a process, a patched module)
+                        for the next program that lands in the same warm sandbox
 Gaming the grader itself (printing a fake verdict) is handled by tasks/grading.py's nonce.
 
 Every run gets a fresh workspace (a temp dir deleted afterwards, or the caller's dir), a fixed
 environment (PATH, LANG, PYTHONDONTWRITEBYTECODE, PYTHONHASHSEED=0, HOME=TMPDIR=workspace:
 nothing from the host), rlimits (CPU, address space, file size, no core files), a wall-clock
 limit and a per-stream output cap; after run() returns nothing it started is alive.
+
+Rollouts (`Sandbox.rollout(TaskImage)`, rollout.py) keep one workspace across a rollout's runs,
+copy-on-write over the task's image: on bwrap an overlayfs whose upper layer is the rollout's
+own dir, elsewhere a copy of the image. The image lives in a 0700 dir that no run's uid can
+reach and that bwrap never mounts except as a read-only lower layer, so no run writes it, and
+no rollout sees another's layer. Each run of a rollout is still its own sandbox (namespaces,
+uid, limits); only the workspace's files carry over, which is the point.
+
+Warm sandboxes (warm.py) are started before their program exists, with every confinement of a
+cold run already in place, and each runs exactly one program: the program is handed over a
+pipe, and the sandbox is torn down after it like a cold one. Nothing carries from one program
+to the next (tested: files, environment, builtins, processes). The program runs in the
+interpreter BOOT started, so BOOT's few lines are in its traceback and `marshal` is already
+imported; its CPU limit also counts BOOT's start-up (milliseconds).
 
 What each backend guarantees (`Sandbox.guarantees` names them; tests check each by attack):
 
@@ -62,17 +79,20 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from tidal.sandbox.bwrap import BwrapRunner, find_bwrap, python_prefix
 from tidal.sandbox.config import SandboxConfig
 from tidal.sandbox.errors import SandboxError
+from tidal.sandbox.image import TaskImage
 from tidal.sandbox.limits import find_tools, new_sandbox_uid
 from tidal.sandbox.plain import PlainRunner
-from tidal.sandbox.reasons import killed_reason
-from tidal.sandbox.supervise import supervise
+from tidal.sandbox.result import RunResult, watch
+from tidal.sandbox.rollout import Rollout, probe_overlay
+from tidal.sandbox.warm import Job, Place, Starter, WarmPool
 from tidal.sandbox.workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -81,21 +101,6 @@ GUARANTEES = frozenset({"env", "limits", "network", "filesystem", "pid", "user",
                         "cleanup"})
 MAIN = "main.py"
 """File name run_python gives the code inside the workspace."""
-
-
-@dataclass
-class RunResult:
-    exit_code: int | None
-    """Exit code; death by signal N is 128 + N on both backends. None when the sandbox killed
-    the program (killed_reason "timeout" or "output")."""
-    stdout: str
-    """At most cfg.max_output_bytes of it (UTF-8, undecodable bytes replaced)."""
-    stderr: str
-    wall_s: float
-    """Seconds from launch until every process of the run was gone."""
-    killed_reason: str | None
-    """None, "timeout", "memory", "cpu", "output", "processes", "signal" or "file_size"; see
-    reasons.py for how each is told apart."""
 
 
 class Sandbox:
@@ -110,12 +115,33 @@ class Sandbox:
         """"bwrap" or "subprocess"."""
         self.guarantees: frozenset[str] = self._runner.guarantees
         """Which properties of the threat model hold (see the module docstring)."""
+        self._starter = Starter(self._runner, cfg, self.python)
+        self._pool = WarmPool(self._starter, cfg.warm_pool) if cfg.warm_pool else None
+        self._closer = weakref.finalize(self, self._pool.close) if self._pool else None
+        self._cow_mode: str | None = None
+        self._cow_lock = threading.Lock()
+
+    def close(self) -> None:
+        """Tear down the warm pool's waiting sandboxes (also done at exit). Runs in flight on
+        warm sandboxes are killed; open rollouts should be closed first."""
+        if self._closer is not None:
+            self._closer()
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def run(self, argv: list[str], files: dict[str, str] | None = None, stdin: str | None = None,
             workspace: str | None = None) -> RunResult:
         """Run argv (argv[0] is looked up on the sandbox PATH) with `files` (relative path ->
         text) written into the workspace: a fresh temp dir deleted afterwards, or the given dir,
-        which is kept. Never raises for anything the program does."""
+        which is kept. Never raises for anything the program does.
+
+        With a warm pool, a run without a `workspace` goes to a pre-started sandbox."""
+        if workspace is None and self._pool is not None:
+            return self._run_warm(Job(argv=list(argv), files=dict(files or {}), stdin=stdin))
         return self._run_on(self._runner, argv, files or {}, stdin, workspace)
 
     def run_python(self, code: str, stdin: str | None = None,
@@ -129,7 +155,41 @@ class Sandbox:
         if MAIN in files:
             raise ValueError(f"files must not contain {MAIN!r}: run_python writes the code there")
         files[MAIN] = code
+        if self._pool is not None:  # the warm interpreter (same flags) runs main.py in-process
+            return self._run_warm(Job(code=code, main=MAIN, files=files, stdin=stdin))
         return self.run([self.python, "-E", "-s", "-S", MAIN], files, stdin)
+
+    def rollout(self, image: TaskImage) -> Rollout:
+        """A rollout's own copy-on-write workspace over `image`, kept across its runs: what
+        its programs write never reaches the image or another rollout. Close it (or use it as
+        a context manager) when the rollout ends."""
+        return Rollout(self._starter, self._pool, image, self.copy_on_write_mode())
+
+    def copy_on_write_mode(self) -> str:
+        """"overlay" or "copy": how rollouts layer over their image here (probed once)."""
+        with self._cow_lock:
+            if self._cow_mode is None:
+                self._cow_mode = self._choose_cow_mode()
+            return self._cow_mode
+
+    def _choose_cow_mode(self) -> str:
+        wanted = self.cfg.copy_on_write
+        if wanted == "copy":
+            return "copy"
+        if self.backend != "bwrap":
+            problem = f"the {self.backend} backend cannot mount one"
+        else:
+            problem = probe_overlay(self._starter)
+        if problem is None:
+            return "overlay"
+        if wanted == "overlay":
+            raise SandboxError(f"copy_on_write='overlay' is unusable here: {problem}. Set "
+                               "copy_on_write='copy' (each rollout then copies its image).")
+        log.info("sandbox: no overlay workspaces (%s); rollouts copy their task image", problem)
+        return "copy"
+
+    def _run_warm(self, job: Job) -> RunResult:
+        return self._starter.run(job, Place(), self._pool.take())
 
     def run_many(self, jobs: list[tuple[str, str | None]]) -> list[RunResult]:
         """run_python each (code, stdin), cfg.concurrency at a time; results in job order."""
@@ -148,17 +208,7 @@ class Sandbox:
             finally:
                 if stdin is not None:
                     os.close(stdin_file)
-            outcome = supervise(launched, started + self.cfg.timeout_s, self.cfg.max_output_bytes)
-            wall_s = time.monotonic() - started
-        stderr = outcome.stderr.decode("utf-8", "replace")
-        return RunResult(
-            exit_code=None if outcome.stopped else outcome.status,
-            stdout=outcome.stdout.decode("utf-8", "replace"),
-            stderr=stderr,
-            wall_s=wall_s,
-            killed_reason=killed_reason(outcome.stopped, outcome.status, stderr, outcome.cpu_s,
-                                        self.cfg.cpu_s),
-        )
+            return watch(launched, started, self.cfg)
 
     def _choose_runner(self):
         if self.cfg.backend == "subprocess":

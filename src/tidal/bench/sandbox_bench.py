@@ -1,0 +1,237 @@
+"""Sandbox start-to-result latency and concurrency, per backend, beside an unsandboxed peer.
+
+    tidal bench sandbox --json sandbox.json                  # defaults below
+    tidal bench sandbox --runs 50 --concurrency 8,64 --json s.json
+
+Latency: a trivial program (`print(1)`) is run `runs` times per variant, one at a time, the
+variants interleaved round by round so that load from other jobs on this shared machine hits
+them alike; p50 and p99 of the time from asking to having the result. Between two runs the
+benchmark waits `gap_ms` (not counted), standing in for the model generating the next program:
+that is the time a warm pool has to start the next sandbox.
+
+  plain             the peer: an unsandboxed `python -E -s -S -c` subprocess (no limits)
+  bwrap             a cold bwrap sandbox per run
+  bwrap_warm        bwrap through the warm pool (pre-started sandboxes)
+  subprocess        the rlimits-only fallback, cold
+  subprocess_warm   the fallback through the warm pool
+
+Concurrency: for each N in `concurrency`, N runs start at once (threads behind a barrier;
+for warm variants the pool holds N); `max_concurrent_ok` is the largest N where all N gave the
+right answer, `throughput_per_s` the runs per second at that N.
+
+Profile: cold runs of `true` (no Python) on bwrap and on plain subprocess, to split a cold
+run into process spawn, sandbox setup (namespaces, mounts, rlimits, uid) and interpreter start.
+Rollouts: opening a rollout over an image of `image_files` files, running one program in it
+and closing it, with an overlay and with a copy of the image.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+from tidal.bench.common import write_json
+from tidal.sandbox import Sandbox, SandboxConfig, SandboxError, TaskImage
+
+PROGRAM = "print(1)"
+VARIANTS = {  # name -> (backend, warm)
+    "bwrap": ("bwrap", False),
+    "bwrap_warm": ("bwrap", True),
+    "subprocess": ("subprocess", False),
+    "subprocess_warm": ("subprocess", True),
+}
+
+
+def default_python() -> str:
+    """/usr/bin/python3 where present: as root the subprocess backend's per-run uid must reach
+    the interpreter (a pyenv one under /root cannot be); every variant then uses the same."""
+    return "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else ""
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--runs", type=int, default=100, help="sequential runs per variant")
+    p.add_argument("--gap-ms", type=float, default=20.0,
+                   help="pause between sequential runs, not timed (the model generating)")
+    p.add_argument("--concurrency", default="16,64", help="comma-separated N to try at once")
+    p.add_argument("--image-files", type=int, default=200, help="files in the rollout image")
+    p.add_argument("--python", default=default_python(), help="interpreter for every variant")
+    p.add_argument("--json", help="write the results here")
+
+
+def run_from_args(args) -> int:
+    levels = [int(n) for n in args.concurrency.split(",")]
+    results = run_sandbox_bench(args.runs, args.gap_ms / 1000, levels, args.image_files,
+                                args.python)
+    if args.json:
+        write_json(args.json, results)
+    print_table(results)
+    if args.json:
+        print(f"wrote {args.json}")
+    return 0
+
+
+def run_sandbox_bench(runs: int, gap_s: float, levels: list[int], image_files: int,
+                      python: str) -> dict:
+    python = python or os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    sandboxes = open_sandboxes(python, warm_pool=2)
+    results: dict = {"runs": runs, "gap_ms": gap_s * 1000, "python": python,
+                     "cpus": os.cpu_count(), "loadavg_1m": os.getloadavg()[0],
+                     "unavailable": {}}
+    try:
+        runners = {"plain": lambda: plain_run(python)}
+        runners.update({name: lambda sb=sb: sb.run_python(PROGRAM).stdout == "1\n"
+                        for name, sb in sandboxes.items() if not isinstance(sb, str)})
+        for name, times in latencies(runners, runs, gap_s).items():
+            results[name] = summarize(times)
+        results["profile"] = profile(sandboxes, runs, gap_s)
+        results["rollout"] = rollout_costs(python, image_files, max(runs // 5, 5))
+    finally:
+        for name, sb in sandboxes.items():
+            if isinstance(sb, str):
+                results["unavailable"][name] = sb
+            else:
+                sb.close()
+    for name, (backend, warm) in VARIANTS.items():
+        if name in results:
+            results[name].update(concurrency(python, backend, warm, levels))
+    peer = results["plain"]["p50_ms"]
+    for name in VARIANTS:
+        if name in results:
+            results[name]["p50_vs_plain"] = results[name]["p50_ms"] / peer
+    return results
+
+
+def open_sandboxes(python: str, warm_pool: int) -> dict:
+    """name -> Sandbox, or -> why that variant cannot run here."""
+    sandboxes = {}
+    for name, (backend, warm) in VARIANTS.items():
+        try:
+            sandboxes[name] = Sandbox(SandboxConfig(backend=backend, python=python,
+                                                    warm_pool=warm_pool if warm else 0))
+        except SandboxError as e:
+            sandboxes[name] = str(e)
+    return sandboxes
+
+
+def plain_run(python: str) -> bool:
+    """The peer: what running the program costs with no sandbox at all."""
+    out = subprocess.run([python, "-E", "-s", "-S", "-c", PROGRAM], capture_output=True)
+    return out.stdout == b"1\n"
+
+
+def latencies(runners: dict, runs: int, gap_s: float) -> dict[str, list[float]]:
+    """Seconds per run (None for a wrong result), variants interleaved round by round."""
+    times: dict[str, list] = {name: [] for name in runners}
+    for _ in range(runs):
+        for name, run in runners.items():
+            time.sleep(gap_s)
+            started = time.perf_counter()
+            ok = run()
+            times[name].append(time.perf_counter() - started if ok else None)
+    return times
+
+
+def summarize(times: list) -> dict:
+    good = sorted(t for t in times if t is not None)
+    if not good:
+        return {"p50_ms": None, "p99_ms": None, "failures": len(times)}
+    return {"p50_ms": 1000 * statistics.median(good),
+            "p99_ms": 1000 * good[min(len(good) - 1, round(0.99 * (len(good) - 1)))],
+            "failures": len(times) - len(good)}
+
+
+def profile(sandboxes: dict, runs: int, gap_s: float) -> dict:
+    """p50 ms of cold `true` runs, to split a cold run's cost (see the module docstring)."""
+    runners = {"spawn_true": lambda: subprocess.run(["true"]).returncode == 0}
+    for name in ("bwrap", "subprocess"):
+        if not isinstance(sandboxes[name], str):
+            runners[f"{name}_true"] = lambda sb=sandboxes[name]: sb.run(["true"]).exit_code == 0
+    return {name: summarize(t)["p50_ms"] for name, t in latencies(runners, runs, gap_s).items()}
+
+
+def rollout_costs(python: str, image_files: int, runs: int) -> dict:
+    """ms to open a rollout over the image, run `print(1)` in it and close it, per layout."""
+    files = {f"pkg{i % 10}/mod{i}.py": f"X = {i}\n" + "# padding\n" * 400
+             for i in range(image_files)}
+    out = {"image_files": image_files}
+    with TaskImage.from_files(files) as image:
+        for mode in ("overlay", "copy"):
+            cfg = SandboxConfig(python=python, warm_pool=0, copy_on_write=mode)
+            try:
+                sandbox = Sandbox(cfg)
+                sandbox.copy_on_write_mode()
+            except SandboxError as e:
+                out[f"{mode}_unavailable"] = str(e)
+                continue
+            times = []
+            for _ in range(runs):
+                started = time.perf_counter()
+                with sandbox.rollout(image) as rollout:
+                    ok = rollout.run_python(PROGRAM).stdout == "1\n"
+                times.append(time.perf_counter() - started if ok else None)
+            out[f"{mode}_ms"] = summarize(times)["p50_ms"]
+    return out
+
+
+def concurrency(python: str, backend: str, warm: bool, levels: list[int]) -> dict:
+    """max_concurrent_ok and the throughput there (see the module docstring)."""
+    best = {"max_concurrent_ok": 0, "throughput_per_s": None, "concurrency_failures": {}}
+    for n in levels:
+        cfg = SandboxConfig(backend=backend, python=python, warm_pool=n if warm else 0,
+                            timeout_s=30.0)
+        with Sandbox(cfg) as sandbox:
+            if warm:
+                for future in list(sandbox._pool._ready):  # measure with the pool full
+                    future.result()
+            ok, wall_s = run_at_once(sandbox, n)
+        best["concurrency_failures"][str(n)] = n - ok
+        if ok == n and n > best["max_concurrent_ok"]:
+            best.update(max_concurrent_ok=n, throughput_per_s=n / wall_s)
+    return best
+
+
+def run_at_once(sandbox: Sandbox, n: int) -> tuple[int, float]:
+    """(runs that printed 1, seconds until all n finished) for n runs started together."""
+    barrier = threading.Barrier(n + 1)
+    oks = []
+
+    def one():
+        barrier.wait()
+        oks.append(sandbox.run_python(PROGRAM).stdout == "1\n")
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for t in threads:
+        t.join()
+    return sum(oks), time.perf_counter() - started
+
+
+def print_table(results: dict) -> None:
+    peer = results["plain"]["p50_ms"]
+    print(f"sandbox start-to-result, `{PROGRAM}`, {results['runs']} runs, gap "
+          f"{results['gap_ms']:.0f} ms, load {results['loadavg_1m']:.1f} on "
+          f"{results['cpus']} cpus, {results['python']}")
+    print(f"{'variant':<17}{'p50 ms':>8}{'p99 ms':>8}{'x plain':>9}{'max conc ok':>13}"
+          f"{'runs/s':>9}")
+    for name in ("plain", *VARIANTS):
+        if name not in results:
+            continue
+        r = results[name]
+        if r["p50_ms"] is None:
+            print(f"{name:<17} every run failed")
+            continue
+        tput = r.get("throughput_per_s")
+        print(f"{name:<17}{r['p50_ms']:>8.1f}{r['p99_ms']:>8.1f}{r['p50_ms'] / peer:>9.2f}"
+              f"{str(r.get('max_concurrent_ok', '-')):>13}{'-' if tput is None else round(tput):>9}"
+              + (f"  ({r['failures']} failed)" if r["failures"] else ""))
+    print("profile p50 ms:", {k: round(v, 1) for k, v in results["profile"].items() if v})
+    print("rollout open+run+close p50 ms:", results["rollout"])
+    for name, why in results["unavailable"].items():
+        print(f"{name}: unavailable: {why}")
