@@ -7,4 +7,6 @@ Modules are imported only when their benchmark runs (most import torch).
 
 BENCHMARKS = {
     "engine": ("tidal.bench.engine_bench", "decode tokens/s of tidal's engine vs transformers generate"),
+    "numerics-gpu": ("tidal.bench.numerics_gpu",
+                     "MoE engine-vs-trainer mismatch and tokens/s, fast vs batch-invariant kernels"),
 }
