@@ -32,11 +32,39 @@ The row count M is also kept out of Triton's specialisation (it would otherwise 
 separate kernel for M == 1 and for M divisible by 16)."""
 
 
-@triton.jit
-def _dot_over_k(x_rows, w_cols, row_ok, col_ok, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr):
-    """fp32 sum over k = 0, BLOCK_K, 2 BLOCK_K, ... of x[rows, k:k+BK] @ w[cols, k:k+BK].T: the
-    one reduction order every output element gets (x_rows [BM, 1] and w_cols [1, BN] pointers)."""
+@triton.jit(do_not_specialize=["M"])
+def _matmul_kernel(x_ptr, w_ptr, out_ptr, rows_ptr, block_expert_ptr, M, N, K,
+                   stride_xm, stride_we, stride_wn, stride_om, GROUPED: tl.constexpr,
+                   ROW_DIV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
+    """out[rows, cols] = x[src rows] @ w[cols].T, walking K from 0 in BLOCK_K steps.
+
+    Dense (GROUPED=False): tile ``program_id(0)`` is rows tile*BLOCK_M.. of x and out (< M).
+    Grouped: the tile holds up to BLOCK_M assignment ids (``rows_ptr``, -1 = padding), all for
+    expert ``block_expert_ptr[tile]`` (-1 = unused tile, nothing loaded or stored); assignment
+    a reads x row a // ROW_DIV (its token, or itself) with expert weights w[e] and writes row a.
+    One kernel for both (not a shared helper: Triton 3.6's interpreter, which the CPU tests
+    use, loses its patched builtins in nested jit calls when run after other tests)."""
+    tile = tl.program_id(0)
+    if GROUPED:
+        expert = tl.load(block_expert_ptr + tile)
+        used = expert >= 0
+        w_base = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we
+        assignment = tl.load(rows_ptr + tile * BLOCK_M + tl.arange(0, BLOCK_M))
+        row_ok = (assignment >= 0) & used
+        src = tl.where(row_ok, assignment // ROW_DIV, 0).to(tl.int64)
+        dst = tl.where(row_ok, assignment, 0).to(tl.int64)
+    else:
+        used = tile >= 0
+        w_base = w_ptr
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < M
+        src = rows.to(tl.int64)
+        dst = src
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = (cols < N) & used
+    x_rows = x_ptr + src[:, None] * stride_xm
+    w_cols = w_base + cols.to(tl.int64)[None, :] * stride_wn
     ks = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -44,43 +72,6 @@ def _dot_over_k(x_rows, w_cols, row_ok, col_ok, K, BLOCK_M: tl.constexpr, BLOCK_
         a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & (k[None, :] < K), other=0.0)
         b = tl.load(w_cols + k[:, None], mask=col_ok[None, :] & (k[:, None] < K), other=0.0)
         acc = tl.dot(a, b, acc)
-    return acc
-
-
-@triton.jit(do_not_specialize=["M"])
-def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < M
-    col_ok = cols < N
-    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
-    w_cols = w_ptr + cols.to(tl.int64)[None, :] * stride_wn
-    acc = _dot_over_k(x_rows, w_cols, row_ok, col_ok, K, BLOCK_M, BLOCK_N, BLOCK_K)
-    out = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
-
-
-@triton.jit
-def _grouped_kernel(x_ptr, w_ptr, out_ptr, rows_ptr, block_expert_ptr, N, K,
-                    stride_xm, stride_we, stride_wn, stride_om,
-                    ROW_DIV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr):
-    """Tile ``program_id(0)`` holds up to BLOCK_M assignment ids (``rows``, -1 = padding), all
-    for expert ``block_expert`` (-1 = unused tile). Input row of assignment a is a // ROW_DIV
-    (the token, for the first matmul; the assignment itself, for the second)."""
-    expert = tl.load(block_expert_ptr + tl.program_id(0))
-    used = expert >= 0
-    expert = tl.maximum(expert, 0).to(tl.int64)
-    assignment = tl.load(rows_ptr + tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M))
-    row_ok = (assignment >= 0) & used
-    src = tl.where(row_ok, assignment // ROW_DIV, 0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = (cols < N) & used
-    x_rows = x_ptr + src[:, None] * stride_xm
-    w_cols = w_ptr + expert * stride_we + cols.to(tl.int64)[None, :] * stride_wn
-    acc = _dot_over_k(x_rows, w_cols, row_ok, col_ok, K, BLOCK_M, BLOCK_N, BLOCK_K)
-    dst = tl.where(row_ok, assignment, 0).to(tl.int64)
     out = out_ptr + dst[:, None] * stride_om + cols[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
@@ -95,9 +86,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None 
     if m == 0:
         return out
     grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))
-    _linear_kernel[grid](x, weight, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
-                         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-                         num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    _matmul_kernel[grid](x, weight, out, x, x, m, n, k, x.stride(0), 0, weight.stride(0),
+                         out.stride(0), GROUPED=False, ROW_DIV=1, BLOCK_M=BLOCK_M,
+                         BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=NUM_WARPS,
+                         num_stages=NUM_STAGES)
     return out
 
 
@@ -138,8 +130,8 @@ def grouped_linear(x: torch.Tensor, weights: torch.Tensor, rows: torch.Tensor,
     if num_assignments == 0:
         return out
     grid = (block_expert.numel(), triton.cdiv(n, BLOCK_N))
-    _grouped_kernel[grid](x, weights, out, rows, block_expert, n, k,
-                          x.stride(0), weights.stride(0), weights.stride(1), out.stride(0),
-                          ROW_DIV=row_div, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-                          num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    _matmul_kernel[grid](x, weights, out, rows, block_expert, num_assignments, n, k,
+                         x.stride(0), weights.stride(0), weights.stride(1), out.stride(0),
+                         GROUPED=True, ROW_DIV=row_div, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                         BLOCK_K=BLOCK_K, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return out

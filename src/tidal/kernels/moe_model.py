@@ -88,7 +88,7 @@ class MoEModel:
                                 embed.device)
 
     @classmethod
-    def random(cls, shape: MoEShape, device, dtype=torch.bfloat16, seed: int = 0) -> "MoEModel":
+    def random(cls, shape: MoEShape, device, dtype=torch.bfloat16, seed: int = 0) -> MoEModel:
         """transformers' init: matrices from normal(0, initializer_range), norms 1."""
         gen = torch.Generator(device=device).manual_seed(seed)
         s, h, d, e, i = shape, shape.hidden_size, shape.head_dim, shape.num_experts, shape.moe_intermediate_size
@@ -106,7 +106,7 @@ class MoEModel:
         return cls(shape, normal(s.vocab_size, h), layers, ones(h), normal(s.vocab_size, h))
 
     @classmethod
-    def from_tidal_state_dict(cls, shape: MoEShape, sd: dict[str, torch.Tensor]) -> "MoEModel":
+    def from_tidal_state_dict(cls, shape: MoEShape, sd: dict[str, torch.Tensor]) -> MoEModel:
         """From ``tidal.model.qwen3.CausalLM.state_dict()`` (HF names, fused experts)."""
         def layer(n):
             p = f"model.layers.{n}."
@@ -125,7 +125,7 @@ class MoEModel:
         """Per-layer K and V caches [slots, Hkv, max_len, D], zeroed."""
         s = self.shape
         size = (slots, s.num_key_value_heads, max_len, s.head_dim)
-        make = lambda: torch.zeros(size, dtype=self.embed.dtype, device=self.embed.device)  # noqa: E731
+        make = lambda: torch.zeros(size, dtype=self.embed.dtype, device=self.embed.device)
         return [make() for _ in self.layers], [make() for _ in self.layers]
 
     def forward(self, ops, tokens, slot, pos, cache, span: int, seg_lens=None, replay=None):
