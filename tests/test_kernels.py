@@ -26,6 +26,7 @@ from tidal.kernels import reference
 from tidal.kernels.checks import run_kernel_checks
 from tidal.kernels.moe_model import SIZES, MoEModel
 from tidal.kernels.ops import DeterministicOps, FastOps
+from tidal.kernels.routing import align_by_expert
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 NO_SYNC = lambda: None
@@ -37,6 +38,21 @@ def test_tree_sum_gives_a_row_the_same_bits_in_any_batch():
     assert torch.equal(reference.tree_sum(x[5:6]), full[5:6])
     assert torch.equal(reference.tree_sum(x.flip(0)), full.flip(0))
     torch.testing.assert_close(full, x.double().sum(-1).float(), rtol=1e-5, atol=1e-4)
+
+
+def test_align_by_expert_puts_each_assignment_once_in_a_tile_of_its_expert():
+    ids = torch.tensor([3, 0, 3, 3, 1, 0, 3, 2, 2, 3, 0])
+    rows, block_expert = align_by_expert(ids, num_experts=5, block_m=2)
+    assert block_expert.numel() == -(-ids.numel() // 2) + 5
+    placed = rows[rows >= 0]
+    assert sorted(placed.tolist()) == list(range(ids.numel()))
+    tiles = rows.view(-1, 2)
+    for tile, expert in zip(tiles, block_expert.tolist()):
+        members = tile[tile >= 0]
+        if expert < 0:
+            assert members.numel() == 0
+        else:
+            assert (ids[members] == expert).all() and members.tolist() == sorted(members.tolist())
 
 
 def test_reference_ops_pass_the_device_kernel_checks():

@@ -10,7 +10,7 @@ reduction order is a function of K alone, so row r of ``x @ w.T`` has the same b
 
 The grouped kernel serves the MoE experts: (token, expert) assignments are sorted by expert and
 each expert's run padded to whole ``BLOCK_M`` tiles (``align_by_expert``, torch ops with no host
-sync), so every tile multiplies rows by one expert's weights. Again one config, no split-K.
+sync, routing.py), so every tile multiplies rows by one expert's weights. Again one config, no split-K.
 
 Speed notes: for decode (M <= 64) the work is a read of the weights; without split-K the grid is
 ``N / BLOCK_N`` programs per 64 rows, which is why BLOCK_N is 64 rather than 128.
@@ -93,36 +93,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None 
     return out
 
 
-def align_by_expert(expert_ids: torch.Tensor, num_experts: int, block_m: int = BLOCK_M):
-    """Flat expert ids [A] -> (rows [blocks * block_m], block_expert [blocks]).
-
-    Assignments sorted by expert (stable), each expert's run padded to whole tiles; rows holds
-    assignment ids (-1 = padding) and block_expert each tile's expert (-1 = past the end). The
-    tile count is the static bound ceil(A / block_m) + E, so nothing waits on the GPU.
-    """
-    a = expert_ids.numel()
-    ids = expert_ids.reshape(-1)
-    device = ids.device
-    blocks = -(-a // block_m) + num_experts
-    counts = torch.bincount(ids, minlength=num_experts)
-    padded = (counts + block_m - 1) // block_m * block_m
-    padded_end = padded.cumsum(0)
-    order = torch.argsort(ids, stable=True)
-    sorted_ids = ids[order]
-    rank = torch.arange(a, device=device) - (counts.cumsum(0) - counts)[sorted_ids]
-    rows = torch.full((blocks * block_m,), -1, dtype=torch.int64, device=device)
-    rows[(padded_end - padded)[sorted_ids] + rank] = order
-    starts = torch.arange(blocks, device=device) * block_m
-    block_expert = torch.searchsorted(padded_end, starts, right=True)
-    block_expert = torch.where(block_expert < num_experts, block_expert, -1)
-    return rows, block_expert
-
-
 def grouped_linear(x: torch.Tensor, weights: torch.Tensor, rows: torch.Tensor,
                    block_expert: torch.Tensor, num_assignments: int, row_div: int) -> torch.Tensor:
     """out[a] = x[a // row_div] @ weights[expert of a].T for every assignment a -> [A, N].
 
-    weights [E, N, K]; rows/block_expert from ``align_by_expert``."""
+    weights [E, N, K]; rows/block_expert from ``routing.align_by_expert(ids, E, BLOCK_M)``."""
     x = x.contiguous()
     _, n, k = weights.shape
     assert weights.stride(2) == 1, "expert weights must be [E, N, K], K contiguous"

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from tidal.kernels import reference
+from tidal.kernels.routing import align_by_expert, sort_by_expert
 
 MODES = ("fast", "deterministic")
 
@@ -73,13 +74,9 @@ class FastOps:
         padded batch, two batched matmuls, summed back with index_add_ (as engines do)."""
         m, k = ids.shape
         num_experts = gate_up.shape[0]
-        flat = ids.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        sorted_ids = flat[order]
-        counts = torch.bincount(flat, minlength=num_experts)
+        order, sorted_ids, counts, rank = sort_by_expert(ids.reshape(-1), num_experts)
         # capacity: M bounds any expert's count (no host sync) unless that wastes too much
         capacity = m if m * num_experts <= 65536 else int(counts.max())
-        rank = torch.arange(flat.numel(), device=x.device) - (counts.cumsum(0) - counts)[sorted_ids]
         dest = sorted_ids * capacity + rank
         token = order // k
         batch = x.new_zeros((num_experts * capacity, x.shape[1]))
@@ -134,7 +131,7 @@ class DeterministicOps:
         inter = down.shape[2]
         flat = ids.reshape(-1)
         if self.use_triton:
-            rows, blocks = self._matmul.align_by_expert(flat, gate_up.shape[0])
+            rows, blocks = align_by_expert(flat, gate_up.shape[0], self._matmul.BLOCK_M)
             h = self._matmul.grouped_linear(x, gate_up, rows, blocks, flat.numel(), row_div=k)
             act = self.silu_mul(h[:, :inter], h[:, inter:])
             y = self._matmul.grouped_linear(act, down, rows, blocks, flat.numel(), row_div=1)
