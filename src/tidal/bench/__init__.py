@@ -9,4 +9,6 @@ BENCHMARKS = {
     "engine": ("tidal.bench.engine_bench", "decode tokens/s of tidal's engine vs transformers generate"),
     "sandbox": ("tidal.bench.sandbox_bench",
                 "sandbox start-to-result latency and concurrency per backend vs a plain subprocess"),
+    "numerics-gpu": ("tidal.bench.numerics_gpu",
+                     "MoE engine-vs-trainer mismatch and tokens/s, fast vs batch-invariant kernels"),
 }

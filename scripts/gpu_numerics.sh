@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The one prepared GPU run of issue 5 item 6: batch-invariant kernels on a ~2.1B-param MoE.
+#
+#   bash scripts/gpu_numerics.sh            # on the device machine, from the repo root, $OUT set
+#
+# 1. environment (GPU, torch, triton); 2. a ~30 s smoke run on a tiny MoE: every Triton kernel
+# checked against torch on the GPU (accuracy, batch invariance, decode vs prefill), then both
+# modes end to end; 3. the >=1B run (fast vs deterministic, >=10,000 generated tokens), sized for
+# a few minutes on an H200. Each step has its own time limit and failure message, so one failure
+# still lets the others print. Uses the checkout's sources (PYTHONPATH=src), installs nothing.
+# Output: $OUT/log.txt (everything printed), $OUT/numerics_smoke.json, $OUT/numerics_gpu.json.
+set -u
+OUT="${OUT:-/tmp/gpu_numerics_out}"
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/tmp/triton-cache}"
+PY="${PYTHON:-python3}"
+SMOKE_LIMIT_S="${SMOKE_LIMIT_S:-120}"
+MAIN_LIMIT_S="${MAIN_LIMIT_S:-330}"
+# Overridable to rehearse the script without a GPU: DEVICE=cpu SMOKE_SIZE=tiny MAIN_SIZE=tiny
+DEVICE="${DEVICE:-cuda}"
+SMOKE_SIZE="${SMOKE_SIZE:-smoke}"
+MAIN_SIZE="${MAIN_SIZE:-1b}"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+
+step() { echo; echo "=== $1  ($(date -u +%H:%M:%S))"; }
+
+step "environment"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv || echo "nvidia-smi FAILED"
+"$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'triton', triton.__version__, 'gpu', torch.cuda.get_device_name())" || echo "ENV CHECK FAILED"
+
+step "smoke: kernel checks + tiny MoE end to end (limit ${SMOKE_LIMIT_S}s)"
+timeout "$SMOKE_LIMIT_S" "$PY" -m tidal.bench.numerics_gpu --device "$DEVICE" --size "$SMOKE_SIZE" --smoke \
+    --json "$OUT/numerics_smoke.json"
+rc=$?; [ $rc -eq 0 ] || echo "SMOKE RUN FAILED (exit $rc; 124 = time limit)"
+
+step "main: ~2.1B-param MoE, fast vs deterministic (limit ${MAIN_LIMIT_S}s)"
+timeout "$MAIN_LIMIT_S" "$PY" -m tidal.bench.numerics_gpu --device "$DEVICE" --size "$MAIN_SIZE" \
+    --json "$OUT/numerics_gpu.json"
+rc=$?; [ $rc -eq 0 ] || echo "MAIN RUN FAILED (exit $rc; 124 = time limit)"
+
+step "done"
+ls -la "$OUT"
