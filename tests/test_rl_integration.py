@@ -16,11 +16,16 @@ TINY = [
     "--model.hidden_size", "96", "--model.intermediate_size", "256", "--model.num_hidden_layers", "2",
     "--model.num_attention_heads", "4", "--model.num_key_value_heads", "2", "--model.head_dim", "24",
     "--env.max_level", "1", "--env.corpus_bug_rate", "0.5",
-    "--pretrain.corpus_docs", "4000", "--pretrain.time_budget_s", "45", "--pretrain.batch_size", "16",
+    # Mid-training by a step count, not a time budget, so a loaded machine gets the same model
+    # (at 45 s of wall clock a machine shared with other jobs got 169 steps and a model that
+    # solved nothing); the time budget is only a safety net.
+    "--pretrain.corpus_docs", "4000", "--pretrain.max_steps", "400", "--pretrain.time_budget_s", "900",
+    "--pretrain.batch_size", "16",
     "--engine.max_new_tokens", "40",
     "--orchestrator.steps", "60", "--orchestrator.tasks_per_step", "16",
     "--orchestrator.group_size", "8", "--orchestrator.heldout_tasks", "5",
     "--orchestrator.eval_every", "0", "--orchestrator.checkpoint_every", "0",
+    "--orchestrator.time_budget_s", "3600",
     "--trainer.lr", "5e-4", "--orchestrator.backend", "local",
 ]
 
