@@ -7,4 +7,6 @@ Modules are imported only when their benchmark runs (most import torch).
 
 BENCHMARKS = {
     "engine": ("tidal.bench.engine_bench", "decode tokens/s of tidal's engine vs transformers generate"),
+    "numerics": ("tidal.bench.numerics_bench",
+                 "engine-vs-trainer logprob mismatch and tokens/s: deterministic vs fast numerics"),
 }

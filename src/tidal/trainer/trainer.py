@@ -112,9 +112,9 @@ class Trainer:
         compared = _Comparison()
         for start in range(0, tb.num_rows, self.cfg.micro_batch_size):
             mb = tb.rows(start, start + self.cfg.micro_batch_size).to(self.params[0].device)
-            logits, own_experts, filled = self._forward(mb)
+            logits, own_experts, used_experts, filled = self._forward(mb)
             new_lp = token_logprobs(logits, mb.targets, self.temperature)
-            compared.add(mb, new_lp, own_experts, self.version)
+            compared.add(mb, new_lp, own_experts, used_experts, self.version)
             loss, st = self._loss(mb, new_lp, units)
             loss.backward()
             self._move_grads_to_masters()
@@ -195,14 +195,15 @@ class Trainer:
         return (tb.loss_mask.sum(dim=1) > 0).sum().item()
 
     def _forward(self, mb: TrainBatch):
-        """-> (logits [B, T, V], the router's own top-k [B, T, layers, k] or None, positions
-        routed by the trainer for want of a record)."""
+        """-> (logits [B, T, V], the router's own top-k and the experts the forward routed
+        through (replayed or own), each [B, T, layers, k] or None, positions routed by the
+        trainer for want of a record)."""
         replay, filled = self._replay_experts(mb)
         moe = getattr(self.model.config, "is_moe", False)
         with self._autocast():
             out = self.model(mb.input_ids, replay_experts=replay, return_experts=moe, **self._numerics())
         logits, own = out if moe else (out, None)
-        return logits, own, filled
+        return logits, own, (own if replay is None else replay), filled
 
     def _numerics(self) -> dict:
         """Forward keywords: the engine's deterministic forward in trainer.dtype, or the module
@@ -323,29 +324,36 @@ class _Comparison:
     so any difference is numerics, not learning. Tokens of older versions are left out; a step
     with none reports ``mismatch_tokens`` 0. Routing compares the engine's recorded experts with
     the trainer's own router top-k at the same positions (under replay the trainer trains on the
-    engine's experts anyway: a flip there is what replay prevented)."""
+    engine's experts anyway: a flip there is what replay prevented); ``routing_trained_flip_rate``
+    compares them with the experts the training forward actually routed through (0 under replay).
+    """
 
     def __init__(self):
-        self.engine_lp, self.trainer_lp, self.engine_ex, self.trainer_ex = [], [], [], []
+        self.engine_lp, self.trainer_lp = [], []
+        self.engine_ex, self.own_ex, self.used_ex = [], [], []
 
-    def add(self, mb: TrainBatch, new_lp: torch.Tensor, own_experts, version: int) -> None:
+    def add(self, mb: TrainBatch, new_lp: torch.Tensor, own_experts, used_experts, version: int) -> None:
         same = (mb.loss_mask > 0) & (mb.versions == version)
         self.engine_lp.append(mb.old_logprobs[same])
         self.trainer_lp.append(new_lp.detach()[same])
         if own_experts is not None and mb.experts is not None:
             recorded = same & (mb.experts != NO_REPLAY).all(dim=-1).all(dim=-1)
             self.engine_ex.append(mb.experts[recorded])
-            self.trainer_ex.append(own_experts[recorded])
+            self.own_ex.append(own_experts[recorded])
+            self.used_ex.append(used_experts[recorded])
 
     def metrics(self) -> dict[str, float]:
         m = mismatch_metrics(torch.cat(self.engine_lp), torch.cat(self.trainer_lp))
         out = {f"mismatch_{k}": float(v) for k, v in m.items()}
         if self.engine_ex:
-            flips = routing_flip_metrics(torch.cat(self.engine_ex), torch.cat(self.trainer_ex))
+            engine = torch.cat(self.engine_ex)
+            flips = routing_flip_metrics(engine, torch.cat(self.own_ex))
             out["routing_flip_rate"] = flips["flip_rate"]
             out["routing_tokens_with_flip_fraction"] = flips["tokens_with_flip_fraction"]
             for layer, rate in enumerate(flips["flip_rate_per_layer"]):
                 out[f"routing_flip_rate_layer{layer}"] = rate
+            trained = routing_flip_metrics(engine, torch.cat(self.used_ex))
+            out["routing_trained_flip_rate"] = trained["flip_rate"]
         return out
 
 
