@@ -28,7 +28,9 @@ import torch.nn.functional as F
 
 from tidal.model.moe_dispatch import dispatch_to_experts
 from tidal.model.rope import apply_rope
-from tidal.numerics.ops import KEY_BLOCK, DeterministicLinear, attention, rms_norm, silu
+from tidal.numerics.ops import (
+    KEY_BLOCK, DeterministicLinear, attention, pad_visible, rms_norm, silu,
+)
 
 if TYPE_CHECKING:
     from tidal.model.kv_cache import KVCache
@@ -142,7 +144,7 @@ def deterministic_forward(
     group = cfg.num_attention_heads // cfg.num_key_value_heads
     key_at = torch.arange(length, device=x.device)
     visible = (key_at <= query_at.unsqueeze(-1)).unsqueeze(2).expand(b, t, group, length)
-    visible = visible.reshape(b, 1, t * group, length)  # rows: (query, q head of the group)
+    visible = pad_visible(visible.reshape(b, 1, t * group, length))  # rows: (query, q head)
     expert_ids: list[torch.Tensor | None] = []
     for i, layer in enumerate(w.layers):
         kv = None if cache is None else (cache.k[i], cache.v[i])

@@ -17,8 +17,10 @@ project's CPU (torch 2.13, AMD EPYC, 1 and 2 threads; tests/test_numerics_ops.py
   blocks and combines the blocks strictly in order (cumsum), so keys past a query, whether masked
   future keys or an unused cache tail, add exact zeros and change nothing.
 - fp32 ``F.silu`` / ``sigmoid`` take a scalar path for a tensor's tail elements whose rounding
-  differs from the vector path -> ``silu`` is written as x / (1 + exp(-x)) (exp, add, divide are
-  the same in both paths). bf16 ``rsqrt`` likewise depends on length -> norms run in fp32.
+  differs from the vector path: invariant when rows are a whole number of vectors (a last dim
+  that is a multiple of ``VECTOR_MULTIPLE``), so ``silu`` uses it there and x / (1 + exp(-x))
+  otherwise (exp, add, divide are the same in both paths). bf16 ``rsqrt`` likewise depends on
+  length; ``F.rms_norm`` (fp32 statistics) is invariant at such widths, else norms are composed.
 - Row reductions (sum, mean, amax), exp, softmax, log_softmax, elementwise +, *, / are invariant.
 """
 
@@ -31,6 +33,9 @@ MIN_MATMUL_ROWS = 4
 """fp32 batched matmul is row-invariant from this many rows per matrix (see module docs)."""
 KEY_BLOCK = 64
 """Keys per attention block; a KV cache used with ``attention`` holds a multiple of it."""
+VECTOR_MULTIPLE = 32
+"""Row widths (elements) at which torch's fused silu / rms_norm kernels have no scalar tail:
+measured invariant at 32..512, fp32 and bf16, views and copies, 1 and 2 threads."""
 _PACK_HINT_ROWS = 64
 """Batch size oneDNN lays packed weights out for; fixed, so every packing gives the same layout."""
 
@@ -82,15 +87,20 @@ class DeterministicLinear:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """qwen3.RMSNorm's math (fp32 statistics, cast back before the weight): per-row reductions
-    only, so invariant; bf16 never reaches rsqrt."""
+    """RMSNorm: torch's fused kernel at whole-vector widths, else qwen3.RMSNorm's composed math
+    (fp32 statistics, cast back before the weight), so bf16 never reaches rsqrt."""
+    if x.shape[-1] % VECTOR_MULTIPLE == 0:
+        return F.rms_norm(x, weight.shape, weight, eps)
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
-    """x * sigmoid(x) as x / (1 + exp(-x)) in fp32, cast back (see the module docs for why)."""
+    """x * sigmoid(x): torch's kernel at whole-vector widths, else x / (1 + exp(-x)) in fp32,
+    cast back (see the module docs for why)."""
+    if x.shape[-1] % VECTOR_MULTIPLE == 0:
+        return F.silu(x)
     h = x.float()
     return (h / (1.0 + torch.exp(-h))).to(x.dtype)
 
@@ -108,7 +118,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.
 
     q [B, kv_heads, M, D] (the q heads of each kv head, flattened with the queries); k, v
     [B, kv_heads, L, D] with L a multiple of KEY_BLOCK; visible [B, 1 | kv_heads, M, L] bool
-    (every row must see at least one key). Returns [B, kv_heads, M, D] in q's dtype.
+    (every row must see at least one key; ``pad_visible`` it once per forward when M < 4 to save
+    a copy per layer). Returns [B, kv_heads, M, D] in q's dtype.
 
     Scores use one matmul (row-invariant at >= 4 rows, so short q is padded); the softmax uses
     the row's exact max over all keys; each block's sum and p @ v reduce over KEY_BLOCK keys; the
@@ -119,11 +130,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.
     length = k.shape[2]
     if length % KEY_BLOCK:
         raise ValueError(f"attention needs a key length that is a multiple of {KEY_BLOCK}, got {length}")
-    if m < MIN_MATMUL_ROWS:  # pad rows see every key; their output is dropped
-        pad = MIN_MATMUL_ROWS - m
-        q = torch.cat((q, q.new_zeros(b, h, pad, d)), dim=2)
-        visible = torch.cat((visible, visible.new_ones(*visible.shape[:2], pad, length)), dim=2)
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * (d**-0.5)  # [B, h, M', L]
+    if m < MIN_MATMUL_ROWS:  # zero rows; their output is dropped
+        q = F.pad(q, (0, 0, 0, MIN_MATMUL_ROWS - m))
+    if visible.shape[2] < q.shape[2]:
+        visible = pad_visible(visible)
+    scores = torch.matmul(q * d**-0.5, k.transpose(-1, -2)).float()  # [B, h, M', L]
     scores = scores.masked_fill(~visible, float("-inf"))
     top = scores.detach().amax(dim=-1, keepdim=True)
     p = torch.exp(scores - top)
@@ -135,3 +146,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.
     )  # [B, h, nb, M', D]
     out = per_block.float().cumsum(2)[:, :, -1] / sums
     return out[:, :, :m].to(q.dtype)
+
+
+def pad_visible(visible: torch.Tensor) -> torch.Tensor:
+    """Attention's visibility mask [B, h, M, L] with the rows ``attention`` pads short queries
+    with (M < MIN_MATMUL_ROWS) appended; padded rows see every key (their output is dropped)."""
+    pad = MIN_MATMUL_ROWS - visible.shape[2]
+    if pad <= 0:
+        return visible
+    return torch.cat((visible, visible.new_ones(*visible.shape[:2], pad, visible.shape[3])), dim=2)
