@@ -11,4 +11,6 @@ BENCHMARKS = {
                 "sandbox start-to-result latency and concurrency per backend vs a plain subprocess"),
     "numerics-gpu": ("tidal.bench.numerics_gpu",
                      "MoE engine-vs-trainer mismatch and tokens/s, fast vs batch-invariant kernels"),
+    "numerics": ("tidal.bench.numerics_bench",
+                 "engine-vs-trainer logprob mismatch and tokens/s: deterministic vs fast numerics"),
 }

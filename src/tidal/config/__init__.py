@@ -40,6 +40,12 @@ class TidalConfig(Section):
                 f"pretrain.seq_len ({self.pretrain.seq_len}) exceeds "
                 f"model.max_position_embeddings ({self.model.max_position_embeddings})"
             )
+        if self.engine.numerics == "deterministic" and self.trainer.dtype != self.model.dtype:
+            raise ValueError(
+                f"engine.numerics = 'deterministic' needs the trainer to compute in the engine's "
+                f"dtype: set trainer.dtype = {self.model.dtype!r} (it is {self.trainer.dtype!r}), "
+                "or engine.numerics = 'fast'"
+            )
         if self.env.min_level > self.env.max_level:
             raise ValueError(
                 f"env.min_level ({self.env.min_level}) exceeds env.max_level ({self.env.max_level})"

@@ -1,5 +1,7 @@
 """Inference engine: batching limits and the sampler."""
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from tidal.section import Section
@@ -23,6 +25,11 @@ class EngineConfig(Section):
     max_prefill_tokens: int = Field(8192, ge=1)
     """Padded tokens (requests x longest prompt) per prefill forward; bounds the activation and
     logits memory of admitting many requests at once. A single longer prompt still runs alone."""
+    numerics: Literal["deterministic", "fast"] = "deterministic"
+    """deterministic: batch-invariant kernels (tidal.numerics), so every sampling logprob is bit
+    for bit what the trainer recomputes for that token (the trainer runs the same forward);
+    fast: the fused serving path (serving.py), faster per step but off by ~1e-6 from the trainer,
+    and with it MoE routing that can flip."""
     recompute_kv_on_reload: bool = True
     """On a weight update, recompute the KV cache of in-flight sequences with the new weights, so
     every token after the update is exactly what the new policy gives for its whole context (one

@@ -103,6 +103,7 @@ class Engine:
             )
         self.vocab_size = mcfg.vocab_size
         self.is_moe = mcfg.is_moe
+        self.deterministic = cfg.numerics == "deterministic"
         weight = next(model.parameters())
         self.device = weight.device
         slots, length = cfg.max_batch_size, cfg.max_seq_len
@@ -250,6 +251,9 @@ class Engine:
         the cache, in right-padded groups of at most ``max_prefill_tokens`` padded tokens.
 
         Returns the logits [n, V] (and experts [n, layers, k] if asked) at each last position.
+        With experts, the routing of every earlier prompt position is recorded too (slot index
+        p + 1 holds position p's experts, as for completion tokens), so a trainer can replay the
+        whole sequence.
         """
         last_logits, last_experts = [], []
         for group in _pack(lengths, self.cfg.max_prefill_tokens):
@@ -263,11 +267,13 @@ class Engine:
             last = group_len - 1
             out = self.model(
                 input_ids, positions=positions, cache=self.cache, slots=slots,
-                return_experts=want_experts, logits_at=last,
+                return_experts=want_experts, logits_at=last, deterministic=self.deterministic,
             )
             logits, experts = out if want_experts else (out, None)
             last_logits.append(logits)
             if experts is not None:
+                # Padding columns write garbage past each prompt; decode steps overwrite it.
+                self._experts[slots.start : slots.stop, 1 : width + 1] = experts.to(torch.int32)
                 last_experts.append(experts[torch.arange(len(group), device=self.device), last])
         return torch.cat(last_logits), (torch.cat(last_experts) if last_experts else None)
 
@@ -277,7 +283,7 @@ class Engine:
         positions = (batch.length - 1).unsqueeze(1)  # [B, 1] position of each newest token
         out = self.model(
             batch.tokens.gather(1, positions), positions=positions, cache=self.cache,
-            slots=batch.slots, return_experts=self.is_moe,
+            slots=batch.slots, return_experts=self.is_moe, deterministic=self.deterministic,
         )
         logits, experts = out if self.is_moe else (out, None)
         return self._record(batch, logits[:, 0], experts[:, 0] if experts is not None else None)
@@ -375,6 +381,7 @@ class Engine:
                 logprobs=logprobs[i][start:end],
                 versions=versions[i][start:end],
                 experts=experts[i][start:end] if experts is not None else None,
+                prompt_experts=experts[i][1:start] if experts is not None else None,
                 finish_reason=reasons[slot],
                 text=self.tokenizer.decode(token_ids),
                 tag=seq.request.tag,

@@ -69,6 +69,9 @@ class GenerationResult:
         prompt token for i = 0 and at completion token i - 1 otherwise. So a full forward of
         ``prompt_ids + token_ids[:-1]`` with ``return_experts=True`` gives these at positions
         ``len(prompt_ids) - 1 ...``, the positions a trainer reads token i's logprob from.
+    prompt_experts: MoE only (None for dense): the router's experts at prompt positions
+        0 .. len(prompt_ids) - 2 (recorded during prefill), so that ``prompt_experts + experts``
+        covers every position of ``prompt_ids + token_ids[:-1]``: a trainer can replay all of it.
     finish_reason: "eos" (end-of-sequence token), "stop" (a stop string), "length"
         (max_new_tokens reached, or the KV-cache slot is full at max_seq_len).
     text: the decoded completion.
@@ -83,3 +86,4 @@ class GenerationResult:
     finish_reason: FinishReason
     text: str
     tag: Any = None
+    prompt_experts: list[list[list[int]]] | None = None

@@ -5,6 +5,8 @@ Logprob convention (the trainer relies on it):
     recorded logprob = log_softmax(logits / T)[token]      T > 0
                      = log_softmax(logits)[token]          T = 0 (greedy: token = argmax)
 
+Both go through ``tidal.numerics.ops.scaled_log_softmax``, the op the trainer scores tokens with.
+
 Top-p truncation only changes *which* tokens can be drawn; the recorded logprob is still that of
 the temperature-scaled *full* distribution, not of the renormalised nucleus. With the default
 top_p = 1 the two coincide. We record the full-distribution value because it is what a trainer
@@ -15,6 +17,8 @@ new/old compares like with like; a run with top_p < 1 is slightly off-policy by 
 from __future__ import annotations
 
 import torch
+
+from tidal.numerics.ops import scaled_log_softmax
 
 
 def sample(
@@ -31,7 +35,7 @@ def sample(
     logits = logits.float()
     greedy = temperature == 0
     scale = torch.where(greedy, torch.ones_like(temperature), temperature)
-    logp = torch.log_softmax(logits / scale.unsqueeze(1), dim=-1)  # [B, V]
+    logp = scaled_log_softmax(logits, scale.unsqueeze(1))  # [B, V]
     if bool(greedy.all()):
         tokens = logits.argmax(dim=-1)
     else:
@@ -48,7 +52,7 @@ def greedy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     and top-p machinery or its device sync: tokens = argmax, logprobs = log_softmax at them."""
     logits = logits.float()
     tokens = logits.argmax(dim=-1)
-    logp = torch.log_softmax(logits, dim=-1)
+    logp = scaled_log_softmax(logits, 1.0)
     return tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1)
 
 

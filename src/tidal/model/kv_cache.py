@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from tidal.numerics.ops import KEY_BLOCK
+
 
 class KVCache:
     def __init__(
@@ -30,8 +32,11 @@ class KVCache:
 
     @classmethod
     def for_model(cls, model_cfg, num_slots: int, max_len: int, dtype=None, device="cpu") -> "KVCache":
+        """A cache for ``max_len`` positions, rounded up to whole key blocks: the deterministic
+        forward reads keys in blocks of ``tidal.numerics.ops.KEY_BLOCK``."""
         dt = dtype or getattr(torch, model_cfg.dtype)
+        blocks = -(-max_len // KEY_BLOCK)
         return cls(
-            model_cfg.num_hidden_layers, num_slots, model_cfg.num_key_value_heads, max_len,
-            model_cfg.head_dim, dt, device,
+            model_cfg.num_hidden_layers, num_slots, model_cfg.num_key_value_heads,
+            blocks * KEY_BLOCK, model_cfg.head_dim, dt, device,
         )

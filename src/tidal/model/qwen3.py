@@ -11,7 +11,12 @@ One forward serves three callers:
 - the engine: ``model(ids, positions, cache, slots)`` writes k/v into per-slot cache rows and
   attends to positions 0..p of the slot (prefill T>1, decode T=1, mixed lengths in one batch).
   This inference-only path is serving.py's: the same math on fused weights in fewer kernels;
-- either may ask ``return_experts=True`` to get the chosen expert ids [B, T, layers, k].
+- either may ask ``return_experts=True`` to get the router's own top-k ids [B, T, layers, k]
+  (under replay too: the replayed ids are the caller's already; these show where they differ).
+
+``deterministic=True`` runs the batch-invariant forward of ``tidal.numerics.forward`` instead, with
+or without a cache: the engine's default, and what the trainer runs to reproduce the engine's
+sampling logprobs bit for bit.
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ from torch import nn
 
 from tidal.model.config import ModelConfig
 from tidal.model.kv_cache import KVCache
+from tidal.model.moe_dispatch import dispatch_to_experts
 from tidal.model.rope import RopeTable, apply_rope
 from tidal.model.serving import ServingWeights, cached_forward
+from tidal.numerics.forward import DeterministicWeights, deterministic_forward
 
 
 class RMSNorm(nn.Module):
@@ -88,25 +95,12 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """x [N, H], ids/weights [N, k] -> [N, H]. Assignments are sorted by expert so each expert
-        runs one matmul over a contiguous block (the loop is over experts, never tokens)."""
-        k = ids.shape[1]
-        flat = ids.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        token = order // k
-        counts = torch.bincount(flat, minlength=self.gate_up_proj.shape[0]).tolist()
-        xs = x.index_select(0, token)
-        outs, start = [], 0
-        for e, n in enumerate(counts):
-            if n == 0:
-                continue
-            gate, up = F.linear(xs[start : start + n], self.gate_up_proj[e]).chunk(2, dim=-1)
-            outs.append(F.linear(F.silu(gate) * up, self.down_proj[e]))
-            start += n
-        if not outs:  # no tokens at all
-            return torch.zeros_like(x)
-        y = torch.cat(outs) * weights.reshape(-1).index_select(0, order).unsqueeze(1)
-        return torch.zeros_like(x).index_add_(0, token, y.to(x.dtype))
+        """x [N, H], ids/weights [N, k] -> [N, H] (moe_dispatch.py)."""
+        return dispatch_to_experts(x, ids, weights, self.gate_up_proj.shape[0], self._mlp)
+
+    def _mlp(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_proj[e])
 
 
 class SparseMoE(nn.Module):
@@ -119,21 +113,22 @@ class SparseMoE(nn.Module):
         self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
 
     def forward(self, x: torch.Tensor, replay: torch.Tensor | None):
-        """x [B, T, H]; replay [B*T, k] or None -> (out [B, T, H], ids [B*T, k]).
+        """x [B, T, H]; replay [B*T, k] or None -> (out [B, T, H], router's own top-k [B*T, k]).
 
-        With replay the gate weights are this model's own router probabilities gathered at the
-        replayed ids, so the router keeps its gradient while the experts match the sampler's."""
+        With replay the experts are the replayed ids and the gate weights are this model's own
+        router probabilities gathered at them, so the router keeps its gradient while the experts
+        match the sampler's."""
         flat = x.reshape(-1, x.shape[-1])
         probs = F.softmax(self.gate(flat), dim=-1, dtype=torch.float)
-        if replay is None:
-            weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        else:
+        weights, own = torch.topk(probs, self.top_k, dim=-1)
+        ids = own
+        if replay is not None:
             ids = replay
             weights = probs.gather(-1, ids)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         out = self.experts(flat, ids, weights.to(x.dtype))
-        return out.view_as(x), ids
+        return out.view_as(x), own
 
 
 class DecoderLayer(nn.Module):
@@ -171,6 +166,7 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rope = RopeTable(config.head_dim, config.rope_theta)
         self._serving: ServingWeights | None = None
+        self._deterministic: DeterministicWeights | None = None
         self.register_load_state_dict_post_hook(_drop_serving_weights_after_load)
         self.tie_weights()
 
@@ -187,15 +183,27 @@ class CausalLM(nn.Module):
             self._serving = ServingWeights(self)
         return self._serving
 
+    def deterministic_weights(self, dtype: torch.dtype) -> DeterministicWeights:
+        """The deterministic forward's weights: inference copies cached until a parameter changes
+        (engine), or built per call with autograd when grad is enabled (trainer)."""
+        if torch.is_grad_enabled():
+            return DeterministicWeights(self, dtype, trainable=True)
+        if self._deterministic is None or not self._deterministic.is_current(dtype):
+            self._deterministic = DeterministicWeights(self, dtype, trainable=False)
+        return self._deterministic
+
     def drop_serving_weights(self) -> None:
-        """Forget the fused weights (parameters were replaced); the next cached forward rebuilds."""
+        """Forget the derived inference weights (parameters were replaced); the next inference
+        forward rebuilds them."""
         self._serving = None
+        self._deterministic = None
 
     def __getstate__(self):
         """Pickle and deepcopy without the serving weights: derived data, and oneDNN-packed
         tensors cannot be serialised. A copy rebuilds them on its first cached forward."""
         state = dict(super().__getstate__())
         state["_serving"] = None
+        state["_deterministic"] = None
         return state
 
     def _apply(self, fn, recurse=True):
@@ -212,6 +220,8 @@ class CausalLM(nn.Module):
         replay_experts: torch.Tensor | None = None,
         return_experts: bool = False,
         logits_at: torch.Tensor | None = None,
+        deterministic: bool = False,
+        dtype: torch.dtype | None = None,
     ):
         """input_ids [B, T] -> fp32 logits [B, T, vocab], or (logits, experts [B, T, layers, k] |
         None) with return_experts.
@@ -222,6 +232,8 @@ class CausalLM(nn.Module):
         Without a cache attention is causal over the given order and positions only set RoPE.
         logits_at [B]: compute logits only at column ``logits_at[b]`` of each row -> [B, vocab]
         (prefill needs only each prompt's last position; experts stay [B, T, layers, k]).
+        deterministic: the batch-invariant forward (tidal.numerics), with or without a cache,
+        computing in ``dtype`` (None: the parameters' dtype; the trainer passes the engine's).
         """
         b, t = input_ids.shape
         explicit = positions is not None
@@ -232,7 +244,15 @@ class CausalLM(nn.Module):
                 f"positions has shape {tuple(positions.shape)}, expected {(b, t)} like input_ids"
             )
         replay = self._check_replay(replay_experts, b, t)
-        if cache is not None:
+        if deterministic:
+            weights = self.deterministic_weights(dtype or self.model.embed_tokens.weight.dtype)
+            if cache is not None and torch.is_grad_enabled():
+                raise RuntimeError("the KV-cached forward is inference-only; run it under "
+                                   "torch.inference_mode() or torch.no_grad()")
+            logits, expert_ids = deterministic_forward(
+                self, weights, input_ids, positions, cache, slots, replay, logits_at
+            )
+        elif cache is not None:
             logits, expert_ids = cached_forward(
                 self, input_ids, positions, cache, slots, replay, logits_at
             )

@@ -140,7 +140,8 @@ class Run:
         if oc.num_threads:
             torch.set_num_threads(oc.num_threads)
         policy = from_pretrained(init_checkpoint, dtype=torch.float32)
-        self.trainer = Trainer(policy, cfg.trainer, temperature=cfg.engine.temperature)
+        self.trainer = Trainer(policy, cfg.trainer, temperature=cfg.engine.temperature,
+                               numerics=cfg.engine.numerics)
         serving = copy.deepcopy(policy).to(getattr(torch, cfg.model.dtype))
         self.eval_engine = Engine(serving, load_tokenizer(init_checkpoint), cfg.engine, version=0)
         self.sandbox = Sandbox(cfg.env.sandbox)

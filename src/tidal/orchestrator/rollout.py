@@ -38,6 +38,7 @@ def to_trajectory(task: Task, group_id: int, result: GenerationResult, grade: Gr
         versions=list(result.versions),
         loss_mask=[1] * n,
         experts=result.experts,
+        prompt_experts=result.prompt_experts,
     )
     return Trajectory(task_id=task.task_id, group_id=group_id, segments=[segment],
                       reward=grade.reward, reason=grade.reason,

@@ -2,9 +2,49 @@
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tidal.section import Section
+
+
+class OffPolicyConfig(Section):
+    """How the loss corrects for tokens the trainer's policy would sample with another
+    probability than the engine did (staleness, numerics). With a correction, the PPO ratio is
+    taken against the proximal policy (the trainer's weights at this step, no grad) and each
+    token's loss is weighted by rho, a function of w = pi_prox / pi_behaviour (detached):
+
+    none: no correction, PPO ratio against the behaviour policy (the recorded logprobs);
+    decoupled: decoupled PPO, rho = w;
+    truncated_is: token-level truncated IS, rho = min(w, is_cap);
+    masked_is: masked IS (IcePop), rho = w if mask_low <= w <= mask_high else 0;
+    geo_mask: sequence-level geometric-mean masking: every token of a row (segment) whose
+        geometric mean of w over its trained tokens lies in [geo_low, geo_high] gets
+        rho = min(w, is_cap); every token of any other row gets 0.
+
+    With one optimizer step per batch the proximal policy is the trainer's forward itself, so
+    pi_prox needs no extra forward: it is the new logprob, detached.
+    """
+
+    kind: Literal["none", "decoupled", "truncated_is", "masked_is", "geo_mask"] = "none"
+    """Which correction (see the class docs)."""
+    is_cap: float = Field(2.0, gt=0)
+    """C: cap on the importance weight w (truncated_is, geo_mask), dimensionless, > 0."""
+    mask_low: float = Field(0.5, ge=0)
+    """a: masked_is zeroes a token whose w is below this, dimensionless, >= 0."""
+    mask_high: float = Field(2.0, gt=0)
+    """b: masked_is zeroes a token whose w is above this, dimensionless, > mask_low."""
+    geo_low: float = Field(0.9, ge=0)
+    """geo_mask zeroes a row (segment) whose geometric-mean w is below this, >= 0."""
+    geo_high: float = Field(1.1, gt=0)
+    """geo_mask zeroes a row (segment) whose geometric-mean w is above this, > geo_low."""
+
+    @model_validator(mode="after")
+    def _check_bands(self) -> "OffPolicyConfig":
+        for low, high in (("mask_low", "mask_high"), ("geo_low", "geo_high")):
+            if getattr(self, low) >= getattr(self, high):
+                raise ValueError(f"trainer.off_policy.{low} ({getattr(self, low)}) must be below "
+                                 f"trainer.off_policy.{high} ({getattr(self, high)})")
+        return self
 
 
 class TrainerConfig(Section):
@@ -33,6 +73,13 @@ class TrainerConfig(Section):
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype of the training forward pass; master weights and optimizer state are fp32.
     bfloat16 on fp32 parameters runs the forward under autocast; on bf16 parameters it is native."""
-    router_replay: bool = True
-    """MoE: route each sampled token through the experts the sampler recorded (Segment.experts);
-    False lets the trainer's router choose (only to measure the mismatch replay removes)."""
+    router_replay: Literal["required", "if_available", "off"] = "required"
+    """MoE: route each position through the experts the engine recorded (Segment.experts and
+    prompt_experts), with gate weights from the trainer's own router logits over them.
+    required: every trained token must carry recorded experts, else the step fails naming the
+    trajectory; if_available: replay what is recorded, the trainer's router elsewhere; off: the
+    trainer's router everywhere (to measure the mismatch replay removes). Positions without a
+    record that are not trained tokens (a prompt the engine did not record) are routed by the
+    trainer's router in both replay modes and counted as ``replay_filled_positions``."""
+    off_policy: OffPolicyConfig = OffPolicyConfig()
+    """Off-policy correction of the loss ([trainer.off_policy])."""

@@ -18,6 +18,7 @@ from typing import Literal
 
 import torch
 
+from tidal.numerics.ops import scaled_log_softmax
 from tidal.types import Trajectory
 
 LossAgg = Literal["token_mean", "seq_mean"]
@@ -66,6 +67,7 @@ class TrainBatch:
     experts [B,T,L,k] long or None: recorded routing per input position (NO_REPLAY elsewhere).
     row_traj [B] long: index of the trajectory each row came from.
     lengths [B] long: real (unpadded) positions per row.
+    versions [B,T] long: policy version that sampled targets[t] (-1 where loss_mask is 0).
     """
 
     input_ids: torch.Tensor
@@ -76,6 +78,7 @@ class TrainBatch:
     experts: torch.Tensor | None
     row_traj: torch.Tensor
     lengths: torch.Tensor
+    versions: torch.Tensor
 
     @property
     def num_rows(self) -> int:
@@ -91,16 +94,11 @@ class TrainBatch:
         """Rows [start, stop), trimmed to their own longest row (less padding per micro-batch)."""
         cut = slice(start, stop)
         length = max(int(self.lengths[cut].max().item()), 1)
-        return TrainBatch(
-            input_ids=self.input_ids[cut, :length],
-            targets=self.targets[cut, :length],
-            loss_mask=self.loss_mask[cut, :length],
-            old_logprobs=self.old_logprobs[cut, :length],
-            advantages=self.advantages[cut],
-            experts=None if self.experts is None else self.experts[cut, :length],
-            row_traj=self.row_traj[cut],
-            lengths=self.lengths[cut],
-        )
+        per_row = ("advantages", "row_traj", "lengths")
+        return TrainBatch(**{
+            name: None if t is None else t[cut] if name in per_row else t[cut, :length]
+            for name, t in vars(self).items()
+        })
 
 
 def collate(
@@ -135,6 +133,7 @@ def collate(
     targets = torch.full((B, T), pad_id, dtype=torch.long)
     loss_mask = torch.zeros(B, T)
     old_lp = torch.zeros(B, T)
+    versions = torch.full((B, T), -1, dtype=torch.long)
     experts = None
     shaped = next((s for _, s in rows if s.experts), None)  # some segment with >= 1 token's experts
     if all(has_experts) and shaped is not None:
@@ -153,26 +152,36 @@ def collate(
         pos = slice(P + first - 1, P + C - 1)
         loss_mask[b, pos] = torch.tensor(s.loss_mask[first:], dtype=torch.float32)
         old_lp[b, pos] = torch.tensor(s.logprobs[first:], dtype=torch.float32) * loss_mask[b, pos]
+        trained = loss_mask[b, pos] > 0
+        versions[b, pos] = torch.where(trained, torch.tensor(s.versions[first:]), -1)
+        if experts is not None and s.prompt_experts:
+            experts[b, : len(s.prompt_experts)] = _expert_tensor(s.prompt_experts, experts)
         if experts is not None and len(s.experts) > first:
-            e = torch.tensor(s.experts[first:], dtype=torch.long)
-            if e.shape[1:] != experts.shape[2:]:
-                raise ValueError(f"collate: segment experts have shape [*, {e.shape[1]}, {e.shape[2]}], "
-                                 f"expected [*, {experts.shape[2]}, {experts.shape[3]}]")
-            experts[b, pos] = e
+            experts[b, pos] = _expert_tensor(s.experts[first:], experts)
     row_traj = torch.tensor([i for i, _ in rows], dtype=torch.long)
     adv = torch.as_tensor(advantages, dtype=torch.float32)[row_traj]
     lengths = torch.tensor([len(s.prompt_ids) + len(s.completion_ids) - 1 for _, s in rows])
-    return TrainBatch(input_ids, targets, loss_mask, old_lp, adv, experts, row_traj, lengths)
+    return TrainBatch(input_ids, targets, loss_mask, old_lp, adv, experts, row_traj, lengths, versions)
+
+
+def _expert_tensor(ids: list[list[list[int]]], like: torch.Tensor) -> torch.Tensor:
+    """Recorded expert ids [n][layers][k] as a tensor, checked against the batch's [*, layers, k]."""
+    e = torch.tensor(ids, dtype=torch.long)
+    if e.shape[1:] != like.shape[2:]:
+        raise ValueError(f"collate: segment experts have shape [*, {e.shape[1]}, {e.shape[2]}], "
+                         f"expected [*, {like.shape[2]}, {like.shape[3]}]")
+    return e
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
     """log_softmax(logits / T) at each target: [B,T,V], [B,T] -> [B,T] float32.
 
-    Matches the engine's recorded sampling logprob. Temperature 0 (greedy) is scored as T = 1,
+    Matches the engine's recorded sampling logprob: the same op (tidal.numerics.ops), so with the
+    deterministic forward the two are bitwise equal. Temperature 0 (greedy) is scored as T = 1,
     the distribution the greedy choice was taken from.
     """
     t = temperature if temperature > 0 else 1.0
-    logp = torch.log_softmax(logits.float() / t, dim=-1)
+    logp = scaled_log_softmax(logits, t)
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
@@ -205,6 +214,8 @@ def ppo_clip_loss(
     agg: LossAgg,
     kl_coef: float = 0.0,
     num_units: float | None = None,
+    prox_lp: torch.Tensor | None = None,
+    token_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip policy-gradient loss against the behaviour policy, with a decoupled clip range.
 
@@ -212,18 +223,25 @@ def ppo_clip_loss(
     k3 = ratio - 1 - log(ratio) (estimates KL(behaviour || current), samples are behaviour's);
     loss = pg + kl_coef * k3, aggregated by ``agg`` (see loss_weights).
 
+    Decoupled PPO (off-policy corrections, trainer/offpolicy.py): with ``prox_lp`` the ratio is
+    exp(new - prox) instead, and ``token_weight`` [B,T] (rho) multiplies each token's pg term; k3
+    stays against the behaviour policy ``old_lp``.
+
     new_lp, old_lp, mask: [B,T]; adv: [B]. Returns (loss, stats). Stats are token means over
     the masked tokens (clip_frac, kl, ratio_mean) plus ratio_max, pg_loss, and tokens; a
     micro-batch's means can be combined weighting by ``tokens``.
     """
     mask = mask.float()
-    log_ratio = (new_lp - old_lp) * mask
+    log_ratio = (new_lp - (old_lp if prox_lp is None else prox_lp)) * mask
     ratio = torch.exp(log_ratio)
     a = adv.float().unsqueeze(1)
     unclipped = ratio * a
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * a
     pg = -torch.minimum(unclipped, clipped)
-    k3 = ratio - 1.0 - log_ratio
+    if token_weight is not None:
+        pg = pg * token_weight
+    log_behaviour_ratio = log_ratio if prox_lp is None else (new_lp - old_lp) * mask
+    k3 = torch.exp(log_behaviour_ratio) - 1.0 - log_behaviour_ratio
     w = loss_weights(mask, agg, num_units)
     pg_loss = (pg * w).sum()
     kl_loss = (k3 * w).sum()

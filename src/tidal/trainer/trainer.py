@@ -1,7 +1,7 @@
 """The RL trainer: one ``step(batch)`` = one optimizer step of GRPO with a PPO-clipped ratio.
 
-    Batch ──collate──> TrainBatch ──micro-batches──> forward (router replay) ──> ppo_clip_loss
-          ──backward, grads summed into fp32 masters──> clip global grad norm ──> AdamW (warm-up LR)
+    Batch ──collate──> TrainBatch ──micro-batches──> forward (router replay) ──> off-policy
+          weights ──> ppo_clip_loss ──backward, grads summed into fp32 masters──> clip global grad norm ──> AdamW (warm-up LR)
           ──> copy masters into the model ──> version += 1
 
 Why fp32 master weights: a bf16 parameter cannot absorb an update smaller than ~1/256 of its
@@ -12,6 +12,12 @@ With fp32 parameters the parameters are the masters.
 Why micro-batches are scaled by whole-batch counts: each micro-batch's loss is weighted by the
 token (or sequence) count of the *whole* batch, so summed gradients equal those of one big batch
 whatever ``micro_batch_size`` is.
+
+Numerics: with ``numerics="deterministic"`` (the engine's default) the forward is the engine's
+own batch-invariant forward, computing in ``trainer.dtype`` (which must equal the engine's
+model.dtype), and logprobs go through the same op as the engine's sampler, so on the same
+weights the recomputed logprob of every sampled token equals the recorded one bit for bit. Each
+step's metrics report how far apart they are (``mismatch_*``, ``routing_*``).
 """
 
 from __future__ import annotations
@@ -23,9 +29,20 @@ import time
 import torch
 from torch import nn
 
+from tidal.engine.config import EngineConfig
+from tidal.errors import UserError
+from tidal.numerics.metrics import mismatch_metrics, routing_flip_metrics
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.grpo import NO_REPLAY, TrainBatch, collate, ppo_clip_loss, token_logprobs
+from tidal.trainer.offpolicy import behaviour_weights
 from tidal.types import Batch
+
+DEFAULT_NUMERICS = EngineConfig.model_fields["numerics"].default
+"""The trainer runs the engine's numerics; the engine's config owns the default."""
+
+
+class MissingExpertsError(UserError):
+    """trainer.router_replay = "required" but a trained token has no recorded experts."""
 
 
 class Trainer:
@@ -35,12 +52,16 @@ class Trainer:
     temperature: the engine's sampling temperature, so new logprobs match the recorded ones.
     pad_id: any id inside the vocabulary; pads sit after every real token of a row, so causal
         attention never lets them change a trained position.
+    numerics: the engine's ``engine.numerics``: "deterministic" runs the engine's batch-invariant
+        forward (see the module docs), "fast" the module forward.
     """
 
-    def __init__(self, model: nn.Module, cfg: TrainerConfig, temperature: float = 1.0, pad_id: int = 0):
+    def __init__(self, model: nn.Module, cfg: TrainerConfig, temperature: float = 1.0, pad_id: int = 0,
+                 numerics: str = DEFAULT_NUMERICS):
         self.model = model
         self.cfg = cfg
         self.temperature = temperature
+        self.deterministic = numerics == "deterministic"
         self.pad_id = pad_id
         self.version = 0
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -65,7 +86,10 @@ class Trainer:
         """One optimizer step on ``batch``; returns its metrics: loss, pg_loss, kl (k3 vs the
         behaviour policy), clip_frac, ratio_mean, ratio_max, entropy, grad_norm (before
         clipping), lr, tokens (trained), sequences, adv_mean, adv_abs_mean, step_time_s,
-        staleness_max (this version minus the oldest token version in the batch)."""
+        staleness_max (this version minus the oldest token version in the batch); with an
+        off-policy correction is_masked_tokens, is_truncated_tokens, is_weight_mean; the
+        engine-vs-trainer mismatch (tidal.numerics.metrics) as mismatch_* and, for MoE,
+        routing_* (see ``_mismatch``); replay_filled_positions for MoE."""
         start = time.perf_counter()
         tb = collate(batch.trajectories, self.pad_id, self.cfg.normalize_adv_std)
         staleness = [self.version - t.min_version for t in batch.trajectories if t.min_version >= 0]
@@ -83,32 +107,53 @@ class Trainer:
             m.grad = None
         units = self._loss_units(tb)
         totals = {"loss": 0.0, "pg_loss": 0.0, "tokens": 0.0, "kl": 0.0, "clip_frac": 0.0,
-                  "ratio_mean": 0.0, "entropy": 0.0, "ratio_max": -math.inf}
+                  "ratio_mean": 0.0, "entropy": 0.0, "ratio_max": -math.inf,
+                  "replay_filled_positions": 0.0}
+        compared = _Comparison()
         for start in range(0, tb.num_rows, self.cfg.micro_batch_size):
             mb = tb.rows(start, start + self.cfg.micro_batch_size).to(self.params[0].device)
-            with self._autocast():
-                logits = self._forward(mb)
+            logits, own_experts, used_experts, filled = self._forward(mb)
             new_lp = token_logprobs(logits, mb.targets, self.temperature)
-            loss, st = ppo_clip_loss(
-                new_lp, mb.old_logprobs, mb.advantages, mb.loss_mask, self.cfg.clip_eps_low,
-                self.cfg.clip_eps_high, self.cfg.loss_agg, kl_coef=self.cfg.kl_coef, num_units=units,
-            )
+            compared.add(mb, new_lp, own_experts, used_experts, self.version)
+            loss, st = self._loss(mb, new_lp, units)
             loss.backward()
             self._move_grads_to_masters()
             n = st["tokens"]
             totals["loss"] += loss.item()
             totals["pg_loss"] += st["pg_loss"]
             totals["tokens"] += n
+            totals["replay_filled_positions"] += filled
             for key in ("kl", "clip_frac", "ratio_mean"):
                 totals[key] += st[key] * n
+            for key in ("is_masked_tokens", "is_truncated_tokens"):
+                if key in st:
+                    totals[key] = totals.get(key, 0.0) + st[key]
+            if "is_weight_mean" in st:
+                totals["is_weight_mean"] = totals.get("is_weight_mean", 0.0) + st["is_weight_mean"] * n
             totals["entropy"] += _masked_entropy_sum(logits, mb.loss_mask, self.temperature)
             totals["ratio_max"] = max(totals["ratio_max"], st["ratio_max"] if n else -math.inf)
         n = max(totals["tokens"], 1.0)
-        for key in ("kl", "clip_frac", "ratio_mean", "entropy"):
-            totals[key] /= n
+        for key in ("kl", "clip_frac", "ratio_mean", "entropy", "is_weight_mean"):
+            if key in totals:
+                totals[key] /= n
         if totals["ratio_max"] == -math.inf:
             totals["ratio_max"] = 1.0
+        totals.update(compared.metrics())
         return totals
+
+    def _loss(self, mb: TrainBatch, new_lp: torch.Tensor, units: float):
+        """PPO-clip against the behaviour policy, or decoupled with an off-policy correction."""
+        cfg = self.cfg
+        prox, rho, extra = None, None, {}
+        if cfg.off_policy.kind != "none":
+            prox = new_lp.detach()  # one optimizer step per batch: the proximal policy is this one
+            rho, extra = behaviour_weights(prox, mb.old_logprobs, mb.loss_mask, cfg.off_policy)
+        loss, st = ppo_clip_loss(
+            new_lp, mb.old_logprobs, mb.advantages, mb.loss_mask, cfg.clip_eps_low,
+            cfg.clip_eps_high, cfg.loss_agg, kl_coef=cfg.kl_coef, num_units=units,
+            prox_lp=prox, token_weight=rho,
+        )
+        return loss, {**st, **extra}
 
     def clip_gradients(self) -> float:
         """Clip the global gradient norm to cfg.grad_clip; returns the norm before clipping.
@@ -149,31 +194,59 @@ class Trainer:
             return tb.loss_mask.sum().item()
         return (tb.loss_mask.sum(dim=1) > 0).sum().item()
 
-    def _forward(self, mb: TrainBatch) -> torch.Tensor:
-        replay = self._replay_experts(mb)
-        if replay is None:
-            return self.model(mb.input_ids)
-        return self.model(mb.input_ids, replay_experts=replay)
+    def _forward(self, mb: TrainBatch):
+        """-> (logits [B, T, V], the router's own top-k and the experts the forward routed
+        through (replayed or own), each [B, T, layers, k] or None, positions routed by the
+        trainer for want of a record)."""
+        replay, filled = self._replay_experts(mb)
+        moe = getattr(self.model.config, "is_moe", False)
+        with self._autocast():
+            out = self.model(mb.input_ids, replay_experts=replay, return_experts=moe, **self._numerics())
+        logits, own = out if moe else (out, None)
+        return logits, own, (own if replay is None else replay), filled
 
-    def _replay_experts(self, mb: TrainBatch) -> torch.Tensor | None:
-        """The sampler's experts where recorded; the trainer's own routing elsewhere.
+    def _numerics(self) -> dict:
+        """Forward keywords: the engine's deterministic forward in trainer.dtype, or the module
+        forward (under autocast for bf16 on fp32 weights, see ``_autocast``)."""
+        if not self.deterministic:
+            return {}
+        return {"deterministic": True, "dtype": getattr(torch, self.cfg.dtype)}
 
-        Segments record experts only for positions that sampled a completion token; prompt and
-        padding positions are NO_REPLAY. The model wants a valid id everywhere, so those are
-        filled from a no-grad forward of this model's own router (one extra forward, MoE only).
-        """
-        if mb.experts is None or not self.cfg.router_replay:
-            return None
-        missing = mb.experts == NO_REPLAY
+    def _replay_experts(self, mb: TrainBatch) -> tuple[torch.Tensor | None, int]:
+        """(replay ids [B, T, layers, k] or None, positions filled by this model's own router).
+
+        Positions without a record (NO_REPLAY: a prompt the engine did not record, padding) get a
+        valid id from a no-grad forward of this model's own router (one extra forward)."""
+        mode = self.cfg.router_replay
+        if mode == "off" or not getattr(self.model.config, "is_moe", False):
+            return None, 0
+        trained = mb.loss_mask > 0
+        if mb.experts is None:
+            if mode == "required" and bool(trained.any()):
+                raise MissingExpertsError(
+                    "trainer.router_replay is 'required' but the batch's segments carry no MoE "
+                    "expert ids (Segment.experts is None); record them in the engine, or set "
+                    "trainer.router_replay = 'if_available' or 'off'")
+            return None, 0
+        missing = (mb.experts == NO_REPLAY).any(dim=-1).any(dim=-1)  # [B, T]
+        if mode == "required" and bool((missing & trained).any()):
+            rows = sorted({int(r) for r in (missing & trained).nonzero()[:, 0]})
+            trajectories = sorted({int(mb.row_traj[r]) for r in rows})
+            raise MissingExpertsError(
+                f"trainer.router_replay is 'required' but trained tokens of trajectories "
+                f"{trajectories} (batch indices) have no recorded experts; record them in the "
+                "engine, or set trainer.router_replay = 'if_available'")
+        real = torch.arange(mb.input_ids.shape[1], device=mb.lengths.device) < mb.lengths.unsqueeze(1)
+        filled = int((missing & real).sum())
         if not bool(missing.any()):
-            return mb.experts
+            return mb.experts, 0
         with torch.no_grad(), self._autocast():
-            _, own = self.model(mb.input_ids, return_experts=True)
-        return torch.where(missing, own, mb.experts)
+            _, own = self.model(mb.input_ids, return_experts=True, **self._numerics())
+        return torch.where(mb.experts == NO_REPLAY, own, mb.experts), filled
 
     def _autocast(self):
         params_fp32 = not self.separate_masters
-        if self.cfg.dtype == "bfloat16" and params_fp32:
+        if self.cfg.dtype == "bfloat16" and params_fp32 and not self.deterministic:
             device = self.params[0].device.type
             return torch.autocast(device_type=device, dtype=torch.bfloat16)
         return contextlib.nullcontext()
@@ -193,7 +266,8 @@ class Trainer:
     def _metrics(self, tb: TrainBatch, st: dict, grad_norm: float, lr: float, seconds: float) -> dict[str, float]:
         traj_adv = torch.zeros(int(tb.row_traj.max()) + 1)
         traj_adv[tb.row_traj] = tb.advantages
-        return {
+        extra = {k: v for k, v in st.items() if k.startswith(("is_", "mismatch_", "routing_", "replay_"))}
+        return extra | {
             "loss": st["loss"],
             "pg_loss": st["pg_loss"],
             "kl": st["kl"],
@@ -240,6 +314,47 @@ class Trainer:
                     p.copy_(saved)
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
+
+
+class _Comparison:
+    """Engine-vs-trainer mismatch over a step's micro-batches (item 3 of the numerics issue).
+
+    Only tokens whose behaviour version equals the trainer's version are compared: for those the
+    trainer's forward ran on exactly the weights that sampled them (before this step's update),
+    so any difference is numerics, not learning. Tokens of older versions are left out; a step
+    with none reports ``mismatch_tokens`` 0. Routing compares the engine's recorded experts with
+    the trainer's own router top-k at the same positions (under replay the trainer trains on the
+    engine's experts anyway: a flip there is what replay prevented); ``routing_trained_flip_rate``
+    compares them with the experts the training forward actually routed through (0 under replay).
+    """
+
+    def __init__(self):
+        self.engine_lp, self.trainer_lp = [], []
+        self.engine_ex, self.own_ex, self.used_ex = [], [], []
+
+    def add(self, mb: TrainBatch, new_lp: torch.Tensor, own_experts, used_experts, version: int) -> None:
+        same = (mb.loss_mask > 0) & (mb.versions == version)
+        self.engine_lp.append(mb.old_logprobs[same])
+        self.trainer_lp.append(new_lp.detach()[same])
+        if own_experts is not None and mb.experts is not None:
+            recorded = same & (mb.experts != NO_REPLAY).all(dim=-1).all(dim=-1)
+            self.engine_ex.append(mb.experts[recorded])
+            self.own_ex.append(own_experts[recorded])
+            self.used_ex.append(used_experts[recorded])
+
+    def metrics(self) -> dict[str, float]:
+        m = mismatch_metrics(torch.cat(self.engine_lp), torch.cat(self.trainer_lp))
+        out = {f"mismatch_{k}": float(v) for k, v in m.items()}
+        if self.engine_ex:
+            engine = torch.cat(self.engine_ex)
+            flips = routing_flip_metrics(engine, torch.cat(self.own_ex))
+            out["routing_flip_rate"] = flips["flip_rate"]
+            out["routing_tokens_with_flip_fraction"] = flips["tokens_with_flip_fraction"]
+            for layer, rate in enumerate(flips["flip_rate_per_layer"]):
+                out[f"routing_flip_rate_layer{layer}"] = rate
+            trained = routing_flip_metrics(engine, torch.cat(self.used_ex))
+            out["routing_trained_flip_rate"] = trained["flip_rate"]
+        return out
 
 
 def _masked_entropy_sum(logits: torch.Tensor, mask: torch.Tensor, temperature: float) -> float:

@@ -1,0 +1,227 @@
+"""Deterministic numerics: the engine's sampling logprobs equal the trainer's recomputation bit for
+bit (any batch size, decode vs full forward, chunked prefill, dense and MoE, fp32 and bf16);
+router replay; the batch-invariant ops themselves."""
+
+import copy
+
+import pytest
+import torch
+
+from tidal.config import TidalConfig
+from tidal.engine.config import EngineConfig
+from tidal.engine.engine import Engine
+from tidal.engine.request import GenerationRequest
+from tidal.model import KVCache, build_model, preset
+from tidal.model.tokenizer import ByteTokenizer
+from tidal.numerics.ops import KEY_BLOCK, DeterministicLinear, attention
+from tidal.trainer.config import TrainerConfig
+from tidal.trainer.grpo import collate
+from tidal.trainer.trainer import MissingExpertsError, Trainer
+from tidal.types import Segment, Trajectory
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    view = torch.int16 if a.dtype == torch.bfloat16 else torch.int32
+    return a.dtype == b.dtype and torch.equal(a.contiguous().view(view), b.contiguous().view(view))
+
+
+# ------------------------------------------------------------------ the ops
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_rows_do_not_depend_on_the_batch(dtype):
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(320, 192, generator=g).to(dtype)
+    x = torch.randn(200, 192, generator=g).to(dtype)
+    linear = DeterministicLinear(weight)
+    full = linear(x)
+    for start, rows in [(0, 1), (5, 1), (3, 2), (7, 3), (0, 4), (11, 17), (100, 64)]:
+        assert same_bits(linear(x[start : start + rows]), full[start : start + rows]), (start, rows)
+
+
+def test_trainable_linear_matches_the_inference_copy_and_has_gradients():
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(64, 32, generator=g, requires_grad=True)
+    x = torch.randn(9, 32, generator=g, requires_grad=True)
+    y = DeterministicLinear(weight)(x)
+    with torch.no_grad():
+        assert same_bits(y.detach(), DeterministicLinear(weight.detach())(x.detach()))
+    y.square().sum().backward()
+    expected_w, expected_x = torch.autograd.grad((x @ weight.T).square().sum(), (weight, x))
+    torch.testing.assert_close(weight.grad, expected_w)
+    torch.testing.assert_close(x.grad, expected_x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_one_query_against_a_longer_cache_equals_the_full_causal_rows(dtype):
+    """Query t of a causal forward over T keys vs the same query alone against a cache padded
+    with garbage past t (one more block than it needs)."""
+    g = torch.Generator().manual_seed(0)
+    b, h, group, t, d = 2, 2, 3, 70, 32
+    length = 2 * KEY_BLOCK
+    q = torch.randn(b, h, t, group, d, generator=g).to(dtype)
+    k = torch.randn(b, h, length, d, generator=g).to(dtype)
+    v = torch.randn(b, h, length, d, generator=g).to(dtype)
+    causal = torch.arange(length) <= torch.arange(t).view(t, 1)  # [T, L]
+    visible = causal.view(1, 1, t, 1, length).expand(b, 1, t, group, length).reshape(b, 1, t * group, length)
+    full = attention(q.reshape(b, h, t * group, d), k, v, visible).view(b, h, t, group, d)
+    for pos in (0, 5, 63, 64, 69):
+        cache_len = 3 * KEY_BLOCK
+        kc = torch.cat((k[:, :, : pos + 1], torch.randn(b, h, cache_len - pos - 1, d, generator=g).to(dtype)), 2)
+        vc = torch.cat((v[:, :, : pos + 1], torch.randn(b, h, cache_len - pos - 1, d, generator=g).to(dtype)), 2)
+        seen = (torch.arange(cache_len) <= pos).expand(b, 1, group, cache_len)
+        one = attention(q[:, :, pos], kc, vc, seen)
+        assert same_bits(one, full[:, :, pos]), pos
+
+
+# ------------------------------------------------------------------ model: decode, chunks
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-moe"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_chunked_prefill_and_decode_equal_the_full_forward(name, dtype):
+    cfg = preset(name).model_copy(update={"dtype": dtype, "num_hidden_layers": 2})
+    model = build_model(cfg, seed=0)
+    seqs = torch.randint(0, 256, (3, 30), generator=torch.Generator().manual_seed(1))
+    full, full_experts = model(seqs, return_experts=True, deterministic=True)
+    with torch.inference_mode():
+        cache = KVCache.for_model(cfg, 4, 40)
+        pieces, experts = [], []
+        for lo, hi in [(0, 5), (5, 12), (12, 13), *[(p, p + 1) for p in range(13, 30)]]:
+            pos = torch.arange(lo, hi).expand(3, -1)
+            out = model(seqs[:, lo:hi], positions=pos, cache=cache, slots=range(3),
+                        return_experts=True, deterministic=True)
+            pieces.append(out[0])
+            experts.append(out[1])
+        single = model(seqs[1:2], deterministic=True)
+    assert same_bits(torch.cat(pieces, 1), full.detach())
+    assert same_bits(single[0], full[1].detach())
+    if full_experts is not None:
+        assert torch.equal(torch.cat(experts, 1), full_experts)
+
+
+# ------------------------------------------------------------------ engine == trainer
+
+
+def _trajectories(results) -> list[Trajectory]:
+    return [
+        Trajectory(task_id=str(i), group_id=i // 2, reward=float(i % 3), segments=[Segment(
+            prompt_ids=r.prompt_ids, completion_ids=r.token_ids, logprobs=r.logprobs,
+            versions=r.versions, loss_mask=[1] * len(r.token_ids), experts=r.experts,
+            prompt_experts=r.prompt_experts)])
+        for i, r in enumerate(results)
+    ]
+
+
+def _generate_rounds(model, batch_sizes, new_tokens=6, numerics="deterministic", seed=0):
+    engine = Engine(model, ByteTokenizer(), EngineConfig(
+        numerics=numerics, max_batch_size=64, max_new_tokens=new_tokens, max_seq_len=64, seed=seed))
+    g = torch.Generator().manual_seed(seed)
+    results = []
+    for size in batch_sizes:
+        results += engine.generate([
+            GenerationRequest(prompt_ids=torch.randint(0, 256, (int(n),), generator=g).tolist(),
+                              ignore_eos=True, stop=[], temperature=0.8)
+            for n in torch.randint(2, 20, (size,), generator=g)
+        ])
+    return results
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-moe"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_engine_logprobs_equal_the_trainers_bit_for_bit(name, dtype):
+    """Batch sizes 1..64 in one engine (so sequences of different rounds see different batch
+    compositions); the trainer recomputes every token on an fp32 policy computing in ``dtype``."""
+    policy = build_model(preset(name).model_copy(update={"num_hidden_layers": 2}), seed=0)
+    serving = copy.deepcopy(policy).to(getattr(torch, dtype))
+    results = _generate_rounds(serving, [1, 2, 5, 64])
+    trainer = Trainer(policy, TrainerConfig(dtype=dtype, micro_batch_size=16), temperature=0.8,
+                      numerics="deterministic")
+    totals = trainer.accumulate_gradients(collate(_trajectories(results), pad_id=0, normalize_std=True))
+    assert totals["mismatch_tokens"] == sum(len(r.token_ids) for r in results)
+    assert totals["mismatch_bitwise_equal_fraction"] == 1.0
+    assert totals["mismatch_kl_k3"] == 0.0
+    if name == "tiny-moe":
+        assert totals["routing_flip_rate"] == 0.0
+        assert totals["replay_filled_positions"] == 0  # prompt experts came from the prefill
+
+
+def test_fast_mode_is_not_bitwise_but_close():
+    """The peer the deterministic mode is measured against: the fused serving path."""
+    model = build_model(preset("tiny").model_copy(update={"num_hidden_layers": 2}), seed=0)
+    results = _generate_rounds(model, [3, 9], numerics="fast")
+    trainer = Trainer(model, TrainerConfig(), temperature=0.8, numerics="fast")
+    totals = trainer.accumulate_gradients(collate(_trajectories(results), pad_id=0, normalize_std=True))
+    assert totals["mismatch_bitwise_equal_fraction"] < 1.0
+    assert totals["mismatch_max_abs_logprob_diff"] < 1e-4
+
+
+def test_engine_records_prompt_experts_of_its_prefill():
+    model = build_model(preset("tiny-moe").model_copy(update={"num_hidden_layers": 2}), seed=0)
+    (r,) = _generate_rounds(model, [1])
+    _, experts = model(torch.tensor([r.prompt_ids + r.token_ids[:-1]]), return_experts=True,
+                       deterministic=True)
+    p = len(r.prompt_ids)
+    assert torch.equal(torch.tensor(r.prompt_experts), experts[0, : p - 1])
+    assert torch.equal(torch.tensor(r.experts), experts[0, p - 1 :])
+
+
+# ------------------------------------------------------------------ router replay
+
+
+def test_replay_keeps_the_engines_routing_when_the_trainers_router_would_flip():
+    model = build_model(preset("tiny-moe").model_copy(update={"num_hidden_layers": 2}), seed=0)
+    results = _generate_rounds(model, [8], new_tokens=12)
+    perturbed = copy.deepcopy(model)
+    with torch.no_grad():  # a router a little off the engine's: some top-k choices change
+        for layer in perturbed.model.layers:
+            layer.mlp.gate.weight.add_(torch.randn_like(layer.mlp.gate.weight) * 0.01)
+    tb = collate(_trajectories(results), pad_id=0, normalize_std=True)
+    own = Trainer(copy.deepcopy(perturbed), TrainerConfig(router_replay="off"), temperature=0.8).accumulate_gradients(tb)
+    assert own["routing_trained_flip_rate"] > 0  # without replay the trainer trains other experts
+    replay = Trainer(perturbed, TrainerConfig(router_replay="required"), temperature=0.8).accumulate_gradients(tb)
+    assert replay["routing_flip_rate"] > 0  # its router still disagrees...
+    assert replay["routing_trained_flip_rate"] == 0.0  # ...but the forward ran the engine's experts
+    assert perturbed.model.layers[0].mlp.gate.weight.grad is not None  # and the router learns
+
+
+def test_required_replay_refuses_a_batch_without_experts():
+    model = build_model(preset("tiny-moe").model_copy(update={"num_hidden_layers": 2}), seed=0)
+    trajs = _trajectories(_generate_rounds(model, [2]))
+    for t in trajs:
+        t.segments[0].experts = None
+        t.segments[0].prompt_experts = None
+    tb = collate(trajs, pad_id=0, normalize_std=True)
+    with pytest.raises(MissingExpertsError, match="router_replay"):
+        Trainer(model, TrainerConfig(router_replay="required"), temperature=0.8).accumulate_gradients(tb)
+    totals = Trainer(model, TrainerConfig(router_replay="if_available"), temperature=0.8).accumulate_gradients(tb)
+    assert totals["mismatch_bitwise_equal_fraction"] == 1.0  # own routing is the engine's here
+
+
+def test_mismatch_counts_only_tokens_of_the_trainers_version():
+    model = build_model(preset("tiny").model_copy(update={"num_hidden_layers": 2}), seed=0)
+    trajs = _trajectories(_generate_rounds(model, [4]))
+    stale = trajs[0].segments[0]
+    stale.versions = [5] * len(stale.versions)  # sampled by other weights than the trainer's 0
+    totals = Trainer(model, TrainerConfig(), temperature=0.8).accumulate_gradients(collate(trajs, 0, True))
+    expected = sum(len(t.segments[0].completion_ids) for t in trajs[1:])
+    assert totals["mismatch_tokens"] == expected
+    assert totals["mismatch_bitwise_equal_fraction"] == 1.0
+
+
+def test_deterministic_numerics_need_the_trainer_in_the_engines_dtype():
+    with pytest.raises(ValueError, match="trainer.dtype"):
+        TidalConfig(trainer={"dtype": "bfloat16"})
+    TidalConfig(trainer={"dtype": "bfloat16"}, engine={"numerics": "fast"})
+
+
+def test_step_log_reports_the_off_policy_correction_counts():
+    from tidal.types import Batch
+
+    model = build_model(preset("tiny").model_copy(update={"num_hidden_layers": 2}), seed=0)
+    trajs = _trajectories(_generate_rounds(model, [4]))
+    cfg = TrainerConfig(off_policy={"kind": "masked_is", "mask_low": 0.99, "mask_high": 1.01})
+    metrics = Trainer(model, cfg, temperature=0.8).step(Batch(trajs, trainer_version=0))
+    assert metrics["is_masked_tokens"] == 0  # bitwise on-policy: every w is exactly 1
+    assert metrics["is_weight_mean"] == 1.0
+    assert metrics["mismatch_bitwise_equal_fraction"] == 1.0
