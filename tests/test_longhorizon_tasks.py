@@ -1,0 +1,116 @@
+"""The long-horizon family "ledger": tasks, held-out split, the scripted expert, the environment."""
+
+import asyncio
+import random
+
+import pytest
+
+from tidal.env.longhorizon import NO_MORE_FILES, load_environment
+from tidal.env.toolcall import format_call
+from tidal.sandbox import Sandbox
+from tidal.sandbox.config import SandboxConfig
+from tidal.tasks.family import canonical, evaluate, is_heldout
+from tidal.tasks.longhorizon import (LedgerExpert, body_text, parse_steps, sample_tasks, slipped,
+                                     summary_text)
+from tidal.tasks.longhorizon_config import LedgerConfig
+
+CFG = LedgerConfig(num_files=12)
+
+
+def test_deterministic_from_seed():
+    assert sample_tasks(CFG, 10, 3, False) == sample_tasks(CFG, 10, 3, False)
+    assert sample_tasks(CFG, 10, 3, False) != sample_tasks(CFG, 10, 4, False)
+
+
+def test_heldout_disjoint_from_training_by_construction():
+    held = sample_tasks(CFG, 100, 0, True)
+    train = sample_tasks(CFG, 2000, 1, False)
+    assert len({canonical(t.spec) for t in held}) == 100
+    assert not {t.spec for t in held} & {t.spec for t in train}
+    assert all(is_heldout(t.spec, CFG.heldout_buckets) for t in held)
+
+
+def test_steps_sit_early_in_order_one_per_file():
+    for task in sample_tasks(CFG, 50, 0, False):
+        assert CFG.min_ops <= len(task.spec) <= CFG.max_ops
+        assert all(i < CFG.num_files * CFG.op_zone for i in task.op_files)
+        found = [s for text in task.files for s in parse_steps(text)]
+        assert tuple(found) == task.spec
+        assert [i for i, text in enumerate(task.files) if parse_steps(text)] == list(task.op_files)
+
+
+def test_reference_solution_passes_hidden_tests():
+    for task in sample_tasks(CFG, 50, 1, False):
+        ns: dict = {}
+        exec("def f(x):\n" + task.reference_solution, ns)
+        assert all(ns["f"](x) == y == evaluate(task.spec, x) for x, y in task.tests)
+
+
+def test_expert_without_slips_is_right_through_its_own_summaries():
+    for task in sample_tasks(CFG, 30, 2, False):
+        expert = LedgerExpert(random.Random(0), slip_rate=0.0)
+        for text in task.files:
+            expert.observe(text)
+            summary = expert.summarize()
+            assert summary.startswith("f so far:")
+            assert summary == summary_text(list(task.spec[: len(expert.memory)]))
+        assert expert.answer() == task.reference_solution
+
+
+def test_expert_slips_change_the_answer_at_about_the_rate():
+    tasks = sample_tasks(CFG, 200, 3, False)
+    wrong = 0
+    for i, task in enumerate(tasks):
+        expert = LedgerExpert(random.Random(i), slip_rate=0.1)
+        for text in task.files:
+            expert.observe(text)
+            expert.summarize()
+        wrong += expert.answer() != task.reference_solution
+    # 12 summaries, most with steps in memory: P(no slip) ~ 0.9^10 ~ 0.35
+    assert 0.4 < wrong / len(tasks) < 0.85
+
+
+def test_slipped_memory_differs():
+    rng = random.Random(0)
+    memory = [("add", 3), ("mul", 2)]
+    for _ in range(50):
+        out = slipped(memory, rng)
+        assert out != memory and len(out) >= len(memory) - 1
+
+
+def test_body_text_is_indented_and_returns():
+    assert body_text((("add", 3),)) == "    x = x + 3\n    return x\n"
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return load_environment(Sandbox(SandboxConfig(backend="subprocess")), num_files=6)
+
+
+def play(spec, task, actions):
+    async def go():
+        env = spec.make()
+        head = await env.reset(task)
+        results = [await env.step(a) for a in actions]
+        await env.close()
+        return head, results
+
+    return asyncio.run(go())
+
+
+def test_environment_pages_files_then_grades_the_submission(spec):
+    task = spec.sample_tasks(1, 0, False)[0]
+    reads = [format_call("next_file", {})] * (len(task.files) + 1)
+    head, results = play(spec, task, reads + [format_call("submit", {"code": task.reference_solution})])
+    assert "next_file()" in head and "submit(code: string)" in head and task.prompt.strip() in head
+    assert [r.observation.split("\n")[0] for r in results[:2]] == ["m01.py (1/6)", "m02.py (2/6)"]
+    assert results[len(task.files)].observation == NO_MORE_FILES
+    assert not any(r.done for r in results[:-1])
+    assert results[-1].done and results[-1].reward == 1.0
+
+
+def test_environment_wrong_or_malformed_submission(spec):
+    task = spec.sample_tasks(1, 0, False)[0]
+    _, results = play(spec, task, ["<call>{nope</call>", format_call("submit", {"code": "    return 0\n"})])
+    assert "bad_json" in results[0].observation and not results[0].done
+    assert results[1].done and results[1].reward == 0.0
