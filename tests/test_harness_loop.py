@@ -149,14 +149,15 @@ def test_several_samples_per_task_form_groups():
 
 def summarizing(secret_note="KEEP", turns_before_submit=40):
     """Writes long notes; summarises by repeating what it must keep; submits after
-    ``turns_before_submit`` notes."""
-    turns = []
+    ``turns_before_submit`` notes (counted per task)."""
+    turns = {}
 
     def policy(prompt):
         if prompt.endswith(SUMMARY_OPEN):
             return f"facts: {secret_note} noted so far{SUMMARY_CLOSE} trailing"
-        turns.append(prompt)
-        if len(turns) > turns_before_submit:
+        task = prompt.split("Remember ")[1].split(".")[0]
+        turns[task] = turns.get(task, 0) + 1
+        if turns[task] > turns_before_submit:
             return format_call("submit", {"answer": "0"})
         return "thinking " * 2 + format_call("note", {"text": "y" * 30})
     return policy
@@ -303,3 +304,13 @@ def test_context_window_may_not_exceed_the_engine():
     engine = ScriptedEngine(answer_after(0), max_seq_len=256)
     with pytest.raises(UserError, match="max_seq_len"):
         run_episodes(engine, notes_spec(), tasks(1), HarnessConfig(context_window=512))
+
+
+def test_episode_metrics_reach_the_step_record():
+    from tidal.orchestrator.loop import rollout_metrics
+
+    _, trajs = run(summarizing(turns_before_submit=12), n=2, max_seq_len=400,
+                   context_mode="summarize", summary_max_tokens=40, max_turns=100)
+    m = rollout_metrics(trajs)
+    assert m["episode/resets"] == sum(t.info["resets"] for t in trajs) / 2 > 0
+    assert m["episode/effective_horizon"] > 1 and m["episode/turns"] == 13

@@ -113,13 +113,20 @@ def complete_groups(trajs: list[Trajectory], group_size: int) -> list[Trajectory
     return [t for t in trajs if sizes[t.group_id] == group_size]
 
 
+EPISODE_METRICS = ("turns", "resets", "effective_horizon", "summary_tokens_mean", "tool_errors")
+"""Per-episode harness metrics (Trajectory.info) averaged into each step's record as episode/*."""
+
+
 def rollout_metrics(trajs: list[Trajectory]) -> dict:
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
+    episodes = {f"episode/{k}": sum(t.info.get(k, 0.0) for t in trajs) / len(trajs)
+                for k in EPISODE_METRICS} if trajs else {}
     return {
         "reward_mean": rewards.mean().item() if len(trajs) else 0.0,
         "reward_std": rewards.std().item() if len(trajs) > 1 else 0.0,
         "pass_rate": (rewards >= 1.0).double().mean().item() if len(trajs) else 0.0,
         "reasons": dict(Counter(t.reason for t in trajs)),
+        **episodes,
     }
 
 
