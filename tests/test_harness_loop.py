@@ -314,3 +314,28 @@ def test_episode_metrics_reach_the_step_record():
     m = rollout_metrics(trajs)
     assert m["episode/resets"] == sum(t.info["resets"] for t in trajs) / 2 > 0
     assert m["episode/effective_horizon"] > 1 and m["episode/turns"] == 13
+
+
+def test_a_tool_stuck_forever_is_abandoned_and_the_rollout_still_returns():
+    import threading
+
+    release = threading.Event()
+
+    class Stuck(Notes):
+        tool_timeout_s = 0.2
+
+        def note(self, text: str) -> str:
+            """Write a note."""
+            release.wait()  # blocks its thread until the test ends
+            return "never seen"
+
+    out = {}
+    worker = threading.Thread(target=lambda: out.update(t=run(answer_after(1), spec=notes_spec(Stuck))[1][0]))
+    worker.start()
+    worker.join(timeout=60)
+    finished = not worker.is_alive()
+    release.set()
+    assert finished, "run_episodes waited for an abandoned tool thread"
+    t = out["t"]
+    assert t.reward == 1.0 and t.info["tool_errors"] == 1
+    assert "error (timeout)" in text_of(t.segments[0].completion_ids)

@@ -8,11 +8,11 @@ environments existed, so the default recipe trains the same way.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 
 from tidal.env.base import Environment, StepResult
 from tidal.env.spec import EnvironmentSpec
+from tidal.env.tools import run_blocking
 from tidal.tasks import family
 from tidal.tasks.family import Task
 from tidal.tasks.grading import grade_many
@@ -30,7 +30,7 @@ class FuncsEnvironment(Environment):
 
     async def step(self, action: str) -> StepResult:
         assert self.task is not None, "step() before reset()"
-        grade = await asyncio.to_thread(self._grade, action)
+        grade = await run_blocking(self._grade, action)
         info = {"reason": grade.reason, "passed": grade.passed, "total": grade.total,
                 "level": self.task.level}
         return StepResult("", grade.reward, True, info)

@@ -13,9 +13,11 @@ for failures the model should read about ("no such file").
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,6 +30,18 @@ ToolStyle = Literal["json", "signature"]
 
 class ToolError(Exception):
     """Raised by a tool: the message is shown to the model as the call's observation."""
+
+
+_BLOCKING = ThreadPoolExecutor(max_workers=32, thread_name_prefix="tidal-env")
+"""Threads for blocking environment work (tools, grading). Not asyncio's default executor:
+``asyncio.run`` waits for that one's threads at exit, so one tool stuck forever (abandoned after
+its timeout) would hang the whole rollout; threads here are left behind instead."""
+
+
+async def run_blocking(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` in a thread, awaited without blocking the other episodes."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_BLOCKING, functools.partial(fn, *args, **kwargs))
 
 
 @dataclass(frozen=True)
@@ -92,7 +106,7 @@ class ToolSet:
                 out = await asyncio.wait_for(tool.call(**call.args), timeout_s)
             else:
                 # Tools may block (sandbox runs); a thread keeps the other episodes going.
-                out = await asyncio.wait_for(asyncio.to_thread(tool.call, **call.args), timeout_s)
+                out = await asyncio.wait_for(run_blocking(tool.call, **call.args), timeout_s)
         except ValidationError as e:
             raise MalformedCall("bad_args", f"bad arguments for {call.name}: "
                                             f"{_explain(e)}") from None
