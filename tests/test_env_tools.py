@@ -193,8 +193,9 @@ def test_registry_loads_builtins_and_module_paths_and_names_unknowns():
     assert isinstance(spec, EnvironmentSpec) and spec.name == "funcs"
     by_path = load_environment("tidal.env.examples.fixit", sandbox=None, max_level=1)
     assert by_path.name == "fixit" and all(t.tests.level == 1 for t in by_path.sample_tasks(4, 0, False))
-    with pytest.raises(UnknownEnvironment, match="not a known environment"):
-        load_environment("no_such_env_anywhere")
+    for unknown in ("no_such_env_anywhere", "tidal.env.no_such_module"):
+        with pytest.raises(UnknownEnvironment, match="not a known environment"):
+            load_environment(unknown)
     with pytest.raises(UnknownEnvironment, match="no load_environment"):
         load_environment("tidal.env.base")
 

@@ -13,7 +13,6 @@ The module must expose ``load_environment(**kwargs) -> EnvironmentSpec``. It rec
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import inspect
 from importlib.metadata import entry_points
 from typing import Any
@@ -42,12 +41,19 @@ def module_path(name: str) -> str:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == name:
             return ep.value.split(":")[0]
-    if importlib.util.find_spec(name.split(".")[0]) is not None:
-        return name
-    raise UnknownEnvironment(
-        f"env.name {name!r} is not a known environment: use one of {sorted(available())}, "
-        f"an entry point in the {ENTRY_POINT_GROUP!r} group, or an importable module path"
-    )
+    return name
+
+
+def _import(path: str, name: str):
+    try:
+        return importlib.import_module(path)
+    except ModuleNotFoundError as e:
+        if e.name is None or not (path == e.name or path.startswith(e.name + ".")):
+            raise  # the module exists but one of its own imports is missing
+        raise UnknownEnvironment(
+            f"env.name {name!r} is not a known environment: use one of {available()}, an entry "
+            f"point in the {ENTRY_POINT_GROUP!r} group, or an importable module path"
+        ) from None
 
 
 def available() -> list[str]:
@@ -58,7 +64,7 @@ def load_environment(name: str, sandbox: Any = None, config: Any = None,
                      **kwargs: Any) -> EnvironmentSpec:
     """Import environment ``name`` and call its ``load_environment``."""
     path = module_path(name)
-    module = importlib.import_module(path)
+    module = _import(path, name)
     loader = getattr(module, "load_environment", None)
     if loader is None:
         raise UnknownEnvironment(f"module {path!r} (env.name {name!r}) has no load_environment()")
