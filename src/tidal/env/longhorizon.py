@@ -4,7 +4,8 @@ The task family, its expert and its demonstrations live in ``tidal.tasks.longhor
 module is the tool environment the harness drives. Two tools:
 
     next_file()          the next file of the repository ("no more files" after the last)
-    submit(code: str)    the body of f(x); graded by the hidden tests in the sandbox; ends it
+    submit(code: str)    f's statements on one line ("x = x * 5; x = x + 7"); graded by the
+                         hidden tests in the sandbox; ends the episode
 
 The head (shown in every context window, so kept short: the model is byte-level) is the tool
 listing and the task sentence.
@@ -50,7 +51,7 @@ class LedgerEnvironment(ToolEnvironment):
         return [self.next_file, self.submit]
 
     def next_file(self) -> str:
-        """Show the next file."""
+        """next file"""
         if self.cursor >= len(self.task.files):
             return NO_MORE_FILES
         text = file_observation(self.task, self.cursor)
@@ -58,7 +59,7 @@ class LedgerEnvironment(ToolEnvironment):
         return text
 
     def submit(self, code: str) -> str:
-        """Submit the body of f(x)."""
+        """f's code"""
         self.submitted = code
         self.finish()
         return "submitted"
@@ -70,7 +71,8 @@ def make_tests_pass(sandbox, slots: threading.BoundedSemaphore):
     async def tests_pass(task: LedgerTask, env: LedgerEnvironment) -> float:
         def grade() -> float:
             with slots:  # at most sandbox.concurrency gradings at once across episodes
-                return grade_many(sandbox, [task.function_task()], [env.submitted or ""])[0].reward
+                body = family.body_text(env.submitted or "")
+                return grade_many(sandbox, [task.function_task()], [body])[0].reward
 
         return await asyncio.to_thread(grade)
 

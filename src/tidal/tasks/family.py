@@ -115,10 +115,10 @@ def prompt_text(spec, examples: list[tuple[int, int]]) -> str:
     return "\n".join(lines)
 
 
-def random_spec(rng: random.Random, level: int) -> tuple[tuple[str, int], ...]:
+def random_spec(rng: random.Random, level: int, ops: list[Op] = OPS) -> tuple[tuple[str, int], ...]:
     spec = []
     for _ in range(level):
-        name, _, _, needs_c, _ = rng.choice(OPS)
+        name, _, _, needs_c, _ = rng.choice(ops)
         spec.append((name, rng.randint(*CONST_RANGE) if needs_c else 0))
     return tuple(spec)
 
@@ -141,8 +141,10 @@ def sample_tasks(env_cfg, n: int, seed: int, heldout: bool) -> list[Task]:
     return [make_task(spec, rng, env_cfg.num_examples, env_cfg.num_tests) for spec in specs]
 
 
-def split_specs(rng: random.Random, n: int, levels: tuple[int, int], buckets: int, heldout: bool):
-    """Yield ``n`` random specs (levels inclusive) of one split; held-out specs are distinct.
+def split_specs(rng: random.Random, n: int, levels: tuple[int, int], buckets: int, heldout: bool,
+                ops: list[Op] = OPS):
+    """Yield ``n`` random specs (levels inclusive, steps from ``ops``) of one split; held-out
+    specs are distinct.
 
     A generator, so a caller may draw more from ``rng`` between specs (task layouts, tests)."""
     seen: set[str] = set()
@@ -153,7 +155,7 @@ def split_specs(rng: random.Random, n: int, levels: tuple[int, int], buckets: in
             raise ValueError(f"could not draw {n} distinct {'held-out' if heldout else 'training'} "
                              f"tasks at levels {levels[0]}..{levels[1]}; "
                              "widen the levels or lower the count")
-        spec = random_spec(rng, rng.randint(*levels))
+        spec = random_spec(rng, rng.randint(*levels), ops)
         if is_heldout(spec, buckets) != heldout:
             continue
         if heldout and canonical(spec) in seen:

@@ -30,8 +30,8 @@ import hashlib
 import random
 from dataclasses import dataclass
 
-from tidal.tasks.family import (CONST_RANGE, NUMBER_WORDS, OP_BY_NAME, Task, _slip, canonical,
-                                evaluate, split_specs)
+from tidal.tasks.family import (CONST_RANGE, NUMBER_WORDS, OP_BY_NAME, OPS, Task, _slip,
+                                canonical, evaluate, split_specs)
 from tidal.tasks.longhorizon_config import LedgerConfig
 
 GENERATOR_VERSION = 1
@@ -40,9 +40,16 @@ GENERATOR_VERSION = 1
 TEST_RANGE = (-30, 30)
 FUNCTION_HEADER = "def f(x):\n"
 STEP_MARK = "# f: "
-PROMPT = "Read all files, then submit f: each '# f:' step in order.\n"
+PROMPT = "Write f: all '# f:' steps.\n"
+NO_STEPS = "none"
+"""The summary before any step was found."""
 
-# Unrelated code: one template per line, filled with a file number and small constants.
+LEDGER_OPS = [op for op in OPS if not op[2].startswith("if ")]
+"""The funcs steps that are plain assignments, so the code of f is one line: statements joined by
+"; " (a one-line ``if`` would swallow the statements after it)."""
+LEDGER_OP_NAMES = {op[0] for op in LEDGER_OPS}
+
+# Unrelated code, filled with the file's number and a small constant.
 FILLER = [
     "def scale_{k}(v):\n    return v * {c}",
     "LIMIT_{k} = {c}",
@@ -73,7 +80,8 @@ class LedgerTask:
 
     @property
     def reference_solution(self) -> str:
-        return body_text(self.spec)
+        """The code the agent submits: f's statements on one line."""
+        return code_text(self.spec)
 
     def function_task(self) -> Task:
         """``f`` as a funcs-family task, so the funcs grader runs a submitted body."""
@@ -84,13 +92,18 @@ def step_phrase(name: str, c: int) -> str:
     return OP_BY_NAME[name][1].format(c=NUMBER_WORDS[c])
 
 
-def code_line(name: str, c: int) -> str:
-    return "    " + OP_BY_NAME[name][2].format(c=c)
+def statement(name: str, c: int) -> str:
+    return OP_BY_NAME[name][2].format(c=c)
 
 
-def body_text(spec) -> str:
-    """The body of f for ``spec`` (what the agent submits), ending with the return line."""
-    return "".join(code_line(n, c) + "\n" for n, c in spec) + "    return x\n"
+def code_text(spec) -> str:
+    """What the agent submits and its summaries carry: ``x = x * 5; x = x + 7``."""
+    return "; ".join(statement(n, c) for n, c in spec)
+
+
+def body_text(code: str) -> str:
+    """The body of f made of submitted ``code`` (one line of statements), as the grader runs it."""
+    return "    " + code.strip() + "\n    return x\n"
 
 
 def file_name(index: int) -> str:
@@ -127,31 +140,38 @@ def sample_tasks(cfg: LedgerConfig, n: int, seed: int, heldout: bool) -> list[Le
     """``n`` tasks from the training (heldout=False) or held-out (True) split; deterministic in
     (cfg, seed). Specs never cross splits; held-out specs are distinct."""
     rng = random.Random(f"ledger-{seed}-{'heldout' if heldout else 'train'}")
-    specs = split_specs(rng, n, (cfg.min_ops, cfg.max_ops), cfg.heldout_buckets, heldout)
+    specs = split_specs(rng, n, (cfg.min_ops, cfg.max_ops), cfg.heldout_buckets, heldout, LEDGER_OPS)
     return [make_task(spec, rng, cfg) for spec in specs]
 
 
 # ---------------------------------------------------------------- the scripted expert
 
 
+def _all_steps(constants: range):
+    for name in LEDGER_OP_NAMES:
+        for c in (constants if OP_BY_NAME[name][3] else [0]):
+            yield name, c
+
+
+PHRASE_TO_STEP = {step_phrase(n, c): (n, c) for n, c in _all_steps(range(CONST_RANGE[0], CONST_RANGE[1] + 1))}
+STATEMENT_TO_STEP = {statement(n, c): (n, c) for n, c in _all_steps(range(0, CONST_RANGE[1] + 2))}
+"""Every statement a summary may hold (constants 0..10: a slip can push one out of range)."""
+
+
 def parse_steps(text: str) -> list[tuple[str, int]]:
     """The steps named by '# f:' comments in a file's text, in order."""
-    by_phrase = {}
-    for name, *_ in OP_BY_NAME.values():
-        for c in (range(CONST_RANGE[0], CONST_RANGE[1] + 1) if OP_BY_NAME[name][3] else [0]):
-            by_phrase[step_phrase(name, c)] = (name, c)
-    found = []
-    for line in text.splitlines():
-        if line.startswith(STEP_MARK) and line[len(STEP_MARK):] in by_phrase:
-            found.append(by_phrase[line[len(STEP_MARK):]])
-    return found
+    return [PHRASE_TO_STEP[line[len(STEP_MARK):]] for line in text.splitlines()
+            if line.startswith(STEP_MARK) and line[len(STEP_MARK):] in PHRASE_TO_STEP]
+
+
+def parse_code(code: str) -> list[tuple[str, int]]:
+    """The steps of a code line (a summary) the expert wrote; unknown statements are skipped."""
+    return [STATEMENT_TO_STEP[s.strip()] for s in code.split(";") if s.strip() in STATEMENT_TO_STEP]
 
 
 def summary_text(memory: list[tuple[str, int]]) -> str:
     """What the expert writes when its context is reset: the code of f found so far."""
-    if not memory:
-        return "f so far: no steps yet\n"
-    return "f so far:\n" + "".join(code_line(n, c) + "\n" for n, c in memory)
+    return code_text(memory) if memory else NO_STEPS
 
 
 def slipped(memory: list[tuple[str, int]], rng: random.Random) -> list[tuple[str, int]]:
@@ -161,8 +181,9 @@ def slipped(memory: list[tuple[str, int]], rng: random.Random) -> list[tuple[str
     i = rng.randrange(len(out))
     if rng.random() < 0.5:
         del out[i]
-    else:
-        out[i] = _slip(rng, *out[i])
+        return out
+    while out[i] == memory[i]:  # an off-by-one at the range's end can give the same constant
+        out[i] = _slip(rng, *memory[i])
     return out
 
 
@@ -170,22 +191,25 @@ class LedgerExpert:
     """The scripted policy the demonstrations come from: open files until there are none, write
     summaries carrying the code found so far, submit it.
 
-    Its memory is what a model would have: after a summary it knows only what the summary says
-    (a slipped summary is believed), plus the steps of files read since.
+    It keeps no state: like a model, it knows only what its context shows (``recall``).
     """
 
     def __init__(self, rng: random.Random, slip_rate: float):
         self.rng = rng
         self.slip_rate = slip_rate
-        self.memory: list[tuple[str, int]] = []
 
-    def observe(self, observation: str) -> None:
-        self.memory.extend(parse_steps(observation))
+    def recall(self, summary: str | None, observations: list[str]) -> list[tuple[str, int]]:
+        """What a reader of the context knows: the carried summary's steps (believed as
+        written), then the steps of the files shown after it."""
+        memory = parse_code(summary) if summary else []
+        for text in observations:
+            memory += parse_steps(text)
+        return memory
 
-    def summarize(self) -> str:
-        if self.memory and self.rng.random() < self.slip_rate:
-            self.memory = slipped(self.memory, self.rng)
-        return summary_text(self.memory)
+    def summarize(self, memory: list[tuple[str, int]]) -> str:
+        if memory and self.rng.random() < self.slip_rate:
+            memory = slipped(memory, self.rng)
+        return summary_text(memory)
 
-    def answer(self) -> str:
-        return body_text(self.memory)
+    def answer(self, memory: list[tuple[str, int]]) -> str:
+        return code_text(memory)

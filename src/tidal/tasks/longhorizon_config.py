@@ -6,17 +6,17 @@ from tidal.section import Section
 
 
 class LedgerConfig(Section):
-    num_files: int = Field(24, ge=2, le=99)
+    num_files: int = Field(24, ge=2, le=999)
     """Files per task, read one by one; the episode's length in tokens grows with it (~60 tokens
     a file). Choose it so that an episode is several context windows long."""
     min_ops: int = Field(2, ge=1)
     """Fewest steps of f hidden in the files (each in its own file)."""
-    max_ops: int = Field(3, ge=1)
-    """Most steps of f hidden in the files."""
+    max_ops: int = Field(2, ge=1)
+    """Most steps of f hidden in the files (the longest turn, a submit, grows with it)."""
     op_zone: float = Field(0.5, gt=0.0, le=1.0)
     """Steps sit in the first this-fraction of the files, so they are read long before f is
     written and lie many windows back by then (0.5 = the first half)."""
-    filler_lines: int = Field(2, ge=0, le=8)
+    filler_lines: int = Field(1, ge=0, le=8)
     """Lines of unrelated code in each file besides its step (bulk that fills the window)."""
     num_tests: int = Field(6, ge=1)
     """Hidden test cases of f."""
