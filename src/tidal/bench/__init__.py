@@ -7,4 +7,5 @@ Modules are imported only when their benchmark runs (most import torch).
 
 BENCHMARKS = {
     "engine": ("tidal.bench.engine_bench", "decode tokens/s of tidal's engine vs transformers generate"),
+    "horizon": ("tidal.bench.horizon_bench", "long-horizon success: RL with self-summarization vs a sliding window"),
 }
