@@ -5,6 +5,7 @@ import json
 import pytest
 
 from tidal.config import load_config
+from tidal.env import from_config
 from tidal.model import build_model, save_pretrained
 from tidal.orchestrator.loop import plan_step, run_rl, staleness_gate, RunState
 from tidal.orchestrator.pool import OrchestratorError, start_ray
@@ -52,7 +53,7 @@ def test_staleness_gate_drops_and_counts():
 
 def test_plan_step_splits_tasks_and_sets_min_version():
     cfg = cfg_with("--orchestrator.num_workers", "3", "--orchestrator.max_staleness", "2")
-    parts = plan_step(cfg, step=5, first_id=10)
+    parts = plan_step(cfg, from_config(cfg.env, sandbox=None), step=5, first_id=10)
     assert [a.assignment_id for a in parts] == [10, 11, 12]
     assert sorted(g for a in parts for g in a.group_ids) == [0, 1, 2, 3]
     assert all(a.min_version == 3 and a.step == 5 for a in parts)

@@ -13,4 +13,5 @@ BENCHMARKS = {
                      "MoE engine-vs-trainer mismatch and tokens/s, fast vs batch-invariant kernels"),
     "numerics": ("tidal.bench.numerics_bench",
                  "engine-vs-trainer logprob mismatch and tokens/s: deterministic vs fast numerics"),
+    "horizon": ("tidal.bench.horizon_bench", "long-horizon success: RL with self-summarization vs a sliding window"),
 }

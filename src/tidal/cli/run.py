@@ -94,17 +94,18 @@ def cmd_eval(args, rest) -> int:
     import torch
 
     from tidal.engine.engine import Engine
+    from tidal.env import from_config
     from tidal.model import from_pretrained, load_tokenizer
     from tidal.orchestrator.evaluate import heldout_pass1
     from tidal.sandbox import Sandbox
-    from tidal.tasks import get_family
 
     cfg = _load(args, rest)
     oc = cfg.orchestrator
     model = from_pretrained(args.checkpoint, dtype=getattr(torch, cfg.model.dtype))
     engine = Engine(model, load_tokenizer(args.checkpoint), cfg.engine)
-    tasks = get_family(cfg.env.name)(cfg.env, args.tasks or oc.heldout_tasks, oc.heldout_seed, heldout=True)
-    result = heldout_pass1(engine, Sandbox(cfg.env.sandbox), tasks, oc.eval_samples_per_task)
+    env = from_config(cfg.env, Sandbox(cfg.env.sandbox))
+    tasks = env.sample_tasks(args.tasks or oc.heldout_tasks, oc.heldout_seed, True)
+    result = heldout_pass1(engine, env, tasks, cfg.harness, oc.eval_samples_per_task)
     result["checkpoint"] = str(args.checkpoint)
     print(json.dumps(result, indent=2))
     return 0

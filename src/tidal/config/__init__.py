@@ -13,6 +13,7 @@ from pydantic import model_validator
 from tidal.section import Section
 from tidal.config.loader import ConfigError, load_config, parse_overrides
 from tidal.engine.config import EngineConfig
+from tidal.harness.config import HarnessConfig
 from tidal.model.config import ModelConfig
 from tidal.orchestrator.config import OrchestratorConfig
 from tidal.pretrain.config import PretrainConfig
@@ -24,6 +25,7 @@ class TidalConfig(Section):
     model: ModelConfig = ModelConfig()
     engine: EngineConfig = EngineConfig()
     env: EnvConfig = EnvConfig()
+    harness: HarnessConfig = HarnessConfig()
     trainer: TrainerConfig = TrainerConfig()
     pretrain: PretrainConfig = PretrainConfig()
     orchestrator: OrchestratorConfig = OrchestratorConfig()
@@ -45,6 +47,11 @@ class TidalConfig(Section):
                 f"engine.numerics = 'deterministic' needs the trainer to compute in the engine's "
                 f"dtype: set trainer.dtype = {self.model.dtype!r} (it is {self.trainer.dtype!r}), "
                 "or engine.numerics = 'fast'"
+            )
+        if self.harness.context_window > self.engine.max_seq_len:
+            raise ValueError(
+                f"harness.context_window ({self.harness.context_window}) exceeds "
+                f"engine.max_seq_len ({self.engine.max_seq_len})"
             )
         if self.env.min_level > self.env.max_level:
             raise ValueError(

@@ -1,4 +1,5 @@
-"""Held-out pass@1: the fraction of held-out tasks solved by one sample at the run's sampler.
+"""Held-out pass@1: the fraction of held-out tasks solved (reward >= 1) by one sample at the
+run's sampler, through the same harness as training.
 
 Averaged over ``samples_per_task`` independent samples per task (an unbiased estimate of pass@1
 with lower variance than a single sample), with the same sampler settings before and after RL.
@@ -7,18 +8,24 @@ with lower variance than a single sample), with the same sampler settings before
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
-from tidal.orchestrator.rollout import sample_and_grade
-from tidal.tasks import Task
+from tidal.harness import HarnessConfig, run_episodes
 
 
-def heldout_pass1(engine, sandbox, tasks: list[Task], samples_per_task: int = 2) -> dict:
-    trajs, stats = sample_and_grade(engine, sandbox, tasks, samples_per_task)
+def heldout_pass1(engine, env, tasks: list[Any], harness_cfg: HarnessConfig,
+                  samples_per_task: int = 2) -> dict:
+    """``env``: the EnvironmentSpec; pass1_by_level groups by ``info["level"]`` where the
+    environment reports one."""
+    trajs, stats = run_episodes(engine, env, tasks, harness_cfg, samples_per_task)
+    solved = [float(t.reward >= 1.0) for t in trajs]
     by_level: dict[int, list[float]] = {}
-    for t in trajs:
-        by_level.setdefault(int(t.info["level"]), []).append(t.reward)
+    for t, ok in zip(trajs, solved):
+        if "level" in t.info:
+            by_level.setdefault(int(t.info["level"]), []).append(ok)
     return {
-        "pass1": sum(t.reward for t in trajs) / len(trajs),
+        "pass1": sum(solved) / len(trajs),
+        "reward_mean": sum(t.reward for t in trajs) / len(trajs),
         "pass1_by_level": {lvl: sum(r) / len(r) for lvl, r in sorted(by_level.items())},
         "reasons": dict(Counter(t.reason for t in trajs)),
         "tasks": len(tasks),

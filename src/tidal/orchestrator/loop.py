@@ -4,8 +4,9 @@ Dataflow:
 
     training step s ──split──> Assignments (tasks, group ids, min_version = s − max_staleness)
          ──> idle RolloutWorker (thread or Ray actor): load newest weights ≥ min_version,
-             Engine.generate G samples per task (in-flight updates: newer weights load between
-             decode steps; every token records its version), Sandbox grades each completion
+             run G episodes per task in the harness (tidal.harness: the engine generates each
+             turn; in-flight updates: newer weights load between decode steps; every token
+             records its version), the environment (env.name) answers and rewards them
          ──> RolloutResult back to the driver ──> step s complete when all its assignments are
          ──> staleness gate (trainer version − oldest token version ≤ max_staleness; older
              trajectories are dropped and counted) ──> Trainer.step(Batch) ──> version s+1
@@ -42,7 +43,7 @@ from tidal.orchestrator.evaluate import heldout_pass1
 from tidal.orchestrator.pool import LocalPool, OrchestratorError, RayPool
 from tidal.orchestrator.weights import FilesystemWeightStore
 from tidal.orchestrator.worker import Assignment, RolloutResult, RolloutWorker, Span
-from tidal.tasks import Task, get_family
+from tidal.env import EnvironmentSpec
 from tidal.telemetry.metrics import MetricsLog, read_metrics, write_json_atomic
 from tidal.types import Batch, Trajectory
 
@@ -69,16 +70,15 @@ class RunState:
         return self.busy_s / max(self.rl_wall_s * num_workers, 1e-9)
 
 
-def training_tasks(cfg: TidalConfig, step: int) -> list[Task]:
+def training_tasks(cfg: TidalConfig, env: EnvironmentSpec, step: int) -> list:
     """The tasks of step ``step``: a pure function of (seed, step), so a resumed run continues."""
-    family = get_family(cfg.env.name)
-    return family(cfg.env, cfg.orchestrator.tasks_per_step, cfg.orchestrator.seed * 1_000_003 + step,
-                  heldout=False)
+    return env.sample_tasks(cfg.orchestrator.tasks_per_step,
+                            cfg.orchestrator.seed * 1_000_003 + step, False)
 
 
-def plan_step(cfg: TidalConfig, step: int, first_id: int) -> list[Assignment]:
+def plan_step(cfg: TidalConfig, env: EnvironmentSpec, step: int, first_id: int) -> list[Assignment]:
     """Split step ``step``'s tasks into one assignment per worker (fewer if tasks are few)."""
-    tasks = training_tasks(cfg, step)
+    tasks = training_tasks(cfg, env, step)
     parts = min(cfg.orchestrator.num_workers, len(tasks))
     min_version = max(0, step - cfg.orchestrator.max_staleness)
     out = []
@@ -113,13 +113,20 @@ def complete_groups(trajs: list[Trajectory], group_size: int) -> list[Trajectory
     return [t for t in trajs if sizes[t.group_id] == group_size]
 
 
+EPISODE_METRICS = ("turns", "resets", "effective_horizon", "summary_tokens_mean", "tool_errors")
+"""Per-episode harness metrics (Trajectory.info) averaged into each step's record as episode/*."""
+
+
 def rollout_metrics(trajs: list[Trajectory]) -> dict:
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
+    episodes = {f"episode/{k}": sum(t.info.get(k, 0.0) for t in trajs) / len(trajs)
+                for k in EPISODE_METRICS} if trajs else {}
     return {
         "reward_mean": rewards.mean().item() if len(trajs) else 0.0,
         "reward_std": rewards.std().item() if len(trajs) > 1 else 0.0,
         "pass_rate": (rewards >= 1.0).double().mean().item() if len(trajs) else 0.0,
         "reasons": dict(Counter(t.reason for t in trajs)),
+        **episodes,
     }
 
 
@@ -129,6 +136,7 @@ class Run:
     def __init__(self, cfg: TidalConfig, run_dir: Path, init_checkpoint: str | Path, progress: bool,
                  worker_cls=RolloutWorker):
         from tidal.engine.engine import Engine
+        from tidal.env import from_config
         from tidal.model import from_pretrained, load_tokenizer
         from tidal.sandbox import Sandbox
         from tidal.trainer.trainer import Trainer
@@ -144,8 +152,8 @@ class Run:
                                numerics=cfg.engine.numerics)
         serving = copy.deepcopy(policy).to(getattr(torch, cfg.model.dtype))
         self.eval_engine = Engine(serving, load_tokenizer(init_checkpoint), cfg.engine, version=0)
-        self.sandbox = Sandbox(cfg.env.sandbox)
-        self.heldout = get_family(cfg.env.name)(cfg.env, oc.heldout_tasks, oc.heldout_seed, heldout=True)
+        self.env = from_config(cfg.env, Sandbox(cfg.env.sandbox))
+        self.heldout = self.env.sample_tasks(oc.heldout_tasks, oc.heldout_seed, True)
         self.store = FilesystemWeightStore(run_dir / "weights")
         self.state = RunState()
         self._last_step_wall = 0.0
@@ -181,7 +189,7 @@ class Run:
 
     def evaluate(self, label: str) -> dict:
         self.eval_engine.load_weights(self.trainer.model, self.trainer.version)
-        result = heldout_pass1(self.eval_engine, self.sandbox, self.heldout,
+        result = heldout_pass1(self.eval_engine, self.env, self.heldout, self.cfg.harness,
                                self.cfg.orchestrator.eval_samples_per_task)
         record = {"kind": "eval", "label": label, "step": self.state.step, "version": self.trainer.version,
                   "wall_s": self.state.rl_wall_s, "heldout_pass1": result["pass1"],
@@ -240,7 +248,7 @@ class Run:
             if time.time() - start >= oc.time_budget_s:
                 break
             while next_plan < oc.steps and next_plan <= self.trainer.version + oc.max_staleness:
-                planned = plan_step(self.cfg, next_plan, next_id)
+                planned = plan_step(self.cfg, self.env, next_plan, next_id)
                 next_id += len(planned)
                 queue.extend(planned)
                 expected[next_plan] = len(planned)

@@ -1,4 +1,4 @@
-"""A rollout worker: an engine and a sandbox that turn an Assignment into graded Trajectories.
+"""A rollout worker: an engine and an environment that turn an Assignment into Trajectories.
 
 Plain class (unit tests drive it directly); ``pool.py`` places copies of it in threads or as Ray
 actors. Before an assignment and — with in-flight updates — between decode steps, it loads the
@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tidal.orchestrator.rollout import sample_and_grade
-from tidal.tasks import Task
+from typing import Any
+
+from tidal.harness import run_episodes
 from tidal.types import Trajectory
 
 
@@ -24,7 +25,8 @@ class Assignment:
 
     assignment_id: int
     step: int
-    tasks: list[Task]
+    tasks: list[Any]
+    """Tasks of the run's environment (each has task_id and prompt)."""
     group_ids: list[int]
     min_version: int
     """The worker must hold at least this policy version before it generates."""
@@ -55,6 +57,7 @@ class RolloutResult:
 class RolloutWorker:
     def __init__(self, cfg, init_checkpoint: str, weights_root: str, worker_id: int):
         from tidal.engine.engine import Engine
+        from tidal.env import from_config
         from tidal.model import from_pretrained, load_tokenizer
         from tidal.orchestrator.weights import FilesystemWeightStore
         from tidal.sandbox import Sandbox
@@ -66,7 +69,7 @@ class RolloutWorker:
         self.dtype = getattr(torch, cfg.model.dtype)
         model = from_pretrained(init_checkpoint, dtype=self.dtype)
         self.engine = Engine(model, load_tokenizer(init_checkpoint), cfg.engine, version=0)
-        self.sandbox = Sandbox(cfg.env.sandbox)
+        self.env = from_config(cfg.env, Sandbox(cfg.env.sandbox))
         self.store = FilesystemWeightStore(weights_root)
         self.in_flight_updates = cfg.orchestrator.in_flight_updates
 
@@ -75,8 +78,8 @@ class RolloutWorker:
         self._wait_for_version(assignment.min_version, spans)
         reload = (lambda: self._maybe_reload(spans)) if self.in_flight_updates else None
         t0 = time.time()
-        trajs, stats = sample_and_grade(self.engine, self.sandbox, assignment.tasks,
-                                        self.cfg.orchestrator.group_size, assignment.group_ids, reload)
+        trajs, stats = run_episodes(self.engine, self.env, assignment.tasks, self.cfg.harness,
+                                    self.cfg.orchestrator.group_size, assignment.group_ids, reload)
         spans.append(Span(self.worker_id, "busy", t0, time.time()))
         return RolloutResult(assignment.assignment_id, assignment.step, self.worker_id, trajs,
                              stats.generated_tokens, stats.generate_s, stats.grade_s, spans)

@@ -1,5 +1,7 @@
 """The environment: which task family, its difficulty, and how code is run."""
 
+from typing import Any
+
 from pydantic import Field
 
 from tidal.section import Section
@@ -8,7 +10,10 @@ from tidal.sandbox.config import SandboxConfig
 
 class EnvConfig(Section):
     name: str = "funcs"
-    """Task family name (registered in tidal.tasks)."""
+    """Environment name: a built-in (tidal.env.registry.ENVIRONMENTS), an entry point of the
+    "tidal.environments" group, or an importable module path exposing load_environment()."""
+    args: dict[str, Any] = {}
+    """Keyword arguments for the environment's load_environment() (its own settings)."""
     min_level: int = Field(1, ge=1)
     """Easiest difficulty level sampled for training tasks."""
     max_level: int = Field(3, ge=1)

@@ -115,10 +115,10 @@ def prompt_text(spec, examples: list[tuple[int, int]]) -> str:
     return "\n".join(lines)
 
 
-def random_spec(rng: random.Random, level: int) -> tuple[tuple[str, int], ...]:
+def random_spec(rng: random.Random, level: int, ops: list[Op] = OPS) -> tuple[tuple[str, int], ...]:
     spec = []
     for _ in range(level):
-        name, _, _, needs_c, _ = rng.choice(OPS)
+        name, _, _, needs_c, _ = rng.choice(ops)
         spec.append((name, rng.randint(*CONST_RANGE) if needs_c else 0))
     return tuple(spec)
 
@@ -137,24 +137,32 @@ def sample_tasks(env_cfg, n: int, seed: int, heldout: bool) -> list[Task]:
     Deterministic in (env_cfg, seed). Specs never cross splits (see module docstring).
     """
     rng = random.Random(f"{seed}-{'heldout' if heldout else 'train'}")
-    tasks: list[Task] = []
+    specs = split_specs(rng, n, (env_cfg.min_level, env_cfg.max_level), env_cfg.heldout_buckets, heldout)
+    return [make_task(spec, rng, env_cfg.num_examples, env_cfg.num_tests) for spec in specs]
+
+
+def split_specs(rng: random.Random, n: int, levels: tuple[int, int], buckets: int, heldout: bool,
+                ops: list[Op] = OPS):
+    """Yield ``n`` random specs (levels inclusive, steps from ``ops``) of one split; held-out
+    specs are distinct.
+
+    A generator, so a caller may draw more from ``rng`` between specs (task layouts, tests)."""
     seen: set[str] = set()
-    attempts = 0
-    while len(tasks) < n:
+    made = attempts = 0
+    while made < n:
         attempts += 1
         if attempts > 200 * n + 10000:
             raise ValueError(f"could not draw {n} distinct {'held-out' if heldout else 'training'} "
-                             f"tasks at levels {env_cfg.min_level}..{env_cfg.max_level}; "
+                             f"tasks at levels {levels[0]}..{levels[1]}; "
                              "widen the levels or lower the count")
-        level = rng.randint(env_cfg.min_level, env_cfg.max_level)
-        spec = random_spec(rng, level)
-        if is_heldout(spec, env_cfg.heldout_buckets) != heldout:
+        spec = random_spec(rng, rng.randint(*levels), ops)
+        if is_heldout(spec, buckets) != heldout:
             continue
         if heldout and canonical(spec) in seen:
             continue
         seen.add(canonical(spec))
-        tasks.append(make_task(spec, rng, env_cfg.num_examples, env_cfg.num_tests))
-    return tasks
+        made += 1
+        yield spec
 
 
 def _slip(rng: random.Random, name: str, c: int) -> tuple[str, int]:

@@ -1,0 +1,60 @@
+"""The environment interface: what the harness drives and what a user implements.
+
+An ``Environment`` is one episode's world. The harness calls ``reset(task)`` once, then
+``step(action)`` with each model turn's text until ``done`` or a budget runs out (then
+``end(reason)``), and finally ``close()``. Everything is ``async`` so many episodes share one
+event loop (and the engine's continuous batching) while tools wait on sandboxes.
+
+A user brings an environment as a module exposing ``load_environment(**kwargs) ->
+EnvironmentSpec`` (see ``tidal.env.spec`` and ``tidal.env.registry``). Most environments subclass
+``tidal.env.tool_env.ToolEnvironment``, which turns typed Python functions into tools.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class StepResult:
+    """What one ``step`` returns.
+
+    observation: text shown to the model next (the harness tokenizes it and masks it out of the
+        loss); may be empty.
+    reward: reward earned by this step; the episode's reward is the sum over its steps.
+    done: the episode is over (the task was submitted, solved or failed for good).
+    info: facts for metrics; numbers go into ``Trajectory.info``, ``info["reason"]`` (a string)
+        becomes ``Trajectory.reason``.
+    """
+
+    observation: str
+    reward: float = 0.0
+    done: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Environment(ABC):
+    """One episode's world. A fresh instance per episode (``EnvironmentSpec.make``)."""
+
+    stop: list[str] | None = None
+    """Stop strings that end a model turn; None = the engine's default (``engine.stop``)."""
+
+    @abstractmethod
+    async def reset(self, task: Any) -> str:
+        """Start the episode on ``task``; return the first observation (system text and task).
+        This text is the context's fixed head: it is kept across self-summarization resets."""
+
+    @abstractmethod
+    async def step(self, action: str) -> StepResult:
+        """Apply one model turn (its decoded text) and say what happened."""
+
+    async def end(self, reason: str) -> StepResult:
+        """The harness stops the episode before ``done`` (``reason``: "turn_budget",
+        "token_budget" or "context"). Returns the final reward; override to give partial
+        credit. Default: no reward."""
+        return StepResult("", 0.0, True, {"reason": reason})
+
+    async def close(self) -> None:
+        """Release what the episode holds (sandbox workspaces, files). Called exactly once."""

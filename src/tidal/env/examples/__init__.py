@@ -1,0 +1,1 @@
+"""Example environments (documented in docs/environments.md, exercised by tests)."""

@@ -1,0 +1,93 @@
+"""The long-horizon environment "ledger": read many small files, then write f from what they said.
+
+The task family, its expert and its demonstrations live in ``tidal.tasks.longhorizon*``; this
+module is the tool environment the harness drives. Two tools:
+
+    next_file()          the next file of the repository ("no more files" after the last)
+    submit(code: str)    f's statements on one line ("x = x * 5; x = x + 7"); graded by the
+                         hidden tests in the sandbox; ends the episode
+
+The head (shown in every context window, so kept short: the model is byte-level) is the tool
+listing and the task sentence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from tidal.env.rubric import Rubric
+from tidal.env.spec import EnvironmentSpec
+from tidal.env.tool_env import ToolEnvironment
+from tidal.tasks import longhorizon as family
+from tidal.tasks.grading import grade_many
+from tidal.tasks.longhorizon import LedgerTask
+from tidal.tasks.longhorizon_config import LedgerConfig
+
+NO_MORE_FILES = "no more files"
+
+
+def file_observation(task: LedgerTask, index: int) -> str:
+    """What next_file shows for file ``index``: its name, position, and text."""
+    return f"{family.file_name(index)} ({index + 1}/{len(task.files)})\n{task.files[index]}"
+
+
+class LedgerEnvironment(ToolEnvironment):
+    system_prompt = ""
+    tool_style = "signature"
+
+    def __init__(self, sandbox, rubric: Rubric):
+        super().__init__(rubric)
+        self.sandbox = sandbox
+        self.cursor = 0
+        self.submitted: str | None = None
+
+    async def setup(self, task: LedgerTask) -> str:
+        self.cursor = 0
+        self.submitted = None
+        return task.prompt.rstrip("\n")
+
+    def tools(self):
+        return [self.next_file, self.submit]
+
+    def next_file(self) -> str:
+        """next file"""
+        if self.cursor >= len(self.task.files):
+            return NO_MORE_FILES
+        text = file_observation(self.task, self.cursor)
+        self.cursor += 1
+        return text
+
+    def submit(self, code: str) -> str:
+        """f's code"""
+        self.submitted = code
+        self.finish()
+        return "submitted"
+
+
+def make_tests_pass(sandbox, slots: threading.BoundedSemaphore):
+    """The rubric's one term: 1.0 when the submitted body passes every hidden test of f."""
+
+    async def tests_pass(task: LedgerTask, env: LedgerEnvironment) -> float:
+        def grade() -> float:
+            with slots:  # at most sandbox.concurrency gradings at once across episodes
+                body = family.body_text(env.submitted or "")
+                return grade_many(sandbox, [task.function_task()], [body])[0].reward
+
+        return await asyncio.to_thread(grade)
+
+    return tests_pass
+
+
+def load_environment(sandbox, **settings) -> EnvironmentSpec:
+    """``settings``: LedgerConfig fields (``env.args`` in the run config)."""
+    cfg = LedgerConfig(**settings)
+    slots = threading.BoundedSemaphore(sandbox.cfg.concurrency if sandbox is not None else 1)
+    rubric = Rubric([(make_tests_pass(sandbox, slots), 1.0)])
+    return EnvironmentSpec(
+        name="ledger",
+        make=lambda: LedgerEnvironment(sandbox, rubric),
+        sample_tasks=lambda n, seed, heldout: family.sample_tasks(cfg, n, seed, heldout),
+        build_corpus=None,
+        corpus_version=family.GENERATOR_VERSION,
+    )

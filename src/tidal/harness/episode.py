@@ -1,0 +1,244 @@
+"""One episode: the multi-turn loop of a model and an environment inside a context window.
+
+    head = reset(task)                       # system text + task; kept across resets
+    repeat:
+        compact the context if it is full    # summarize: [head, summary]; truncate: [head, tail]
+        turn = model(context)                # loss mask 1, logprobs and versions kept
+        result = env.step(turn.text)         # tool output / error message
+        context += <obs>result</obs>         # loss mask 0: environment tokens are never trained
+    until done, or the turn / token budget runs out (env.end(reason) gives the final reward)
+
+The trajectory is a chain of segments, one per context window; each is trained with the episode's
+advantage (the trainer's collate repeats a trajectory's advantage on each of its rows).
+
+Room rules (W = context window): in summarize mode the context always keeps room for the
+summary request and the summary, so a summary can be written in the window it summarises. A
+turn may use the rest. An observation that does not fit compacts the context first and opens the
+next one (after the head and the summary or kept turns); one too long even there is cut to fit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidal.engine.request import GenerationRequest
+from tidal.env.base import Environment, StepResult
+from tidal.env.toolcall import OBS_CLOSE, OBS_OPEN
+from tidal.errors import UserError
+from tidal.harness.config import HarnessConfig
+from tidal.harness.segments import SegmentBuilder
+from tidal.types import Segment
+
+SUMMARY_OPEN = "\n<summary>"
+"""Written by the harness (loss mask 0) to ask for a summary; the model writes the summary."""
+SUMMARY_CLOSE = "</summary>"
+"""Ends the model's summary (a stop string); added by the harness if the model did not."""
+
+
+@dataclass
+class EpisodeResult:
+    """An episode's segments, reward and what it cost."""
+
+    segments: list[Segment]
+    reward: float
+    reason: str
+    info: dict[str, Any]
+    turns: int = 0
+    model_tokens: int = 0
+    env_tokens: int = 0
+    tool_errors: int = 0
+    summary_lengths: list[int] = field(default_factory=list)
+    head_tokens: int = 0
+    window: int = 0
+
+    @property
+    def resets(self) -> int:
+        return len(self.segments) - 1
+
+    @property
+    def transcript_tokens(self) -> int:
+        """Tokens of the whole episode counted once: the head plus every completion token."""
+        return self.head_tokens + sum(len(s.completion_ids) for s in self.segments)
+
+    @property
+    def effective_horizon(self) -> float:
+        """Transcript tokens over the context window: > 1 means the episode outgrew its window."""
+        return self.transcript_tokens / self.window
+
+    def metrics(self) -> dict[str, float]:
+        lengths = self.summary_lengths
+        return {
+            "turns": float(self.turns),
+            "resets": float(self.resets),
+            "effective_horizon": self.effective_horizon,
+            "transcript_tokens": float(self.transcript_tokens),
+            "summary_count": float(len(lengths)),
+            "summary_tokens_mean": sum(lengths) / len(lengths) if lengths else 0.0,
+            "summary_tokens_max": float(max(lengths, default=0)),
+            "tool_errors": float(self.tool_errors),
+            "model_tokens": float(self.model_tokens),
+            "env_tokens": float(self.env_tokens),
+        }
+
+
+class Episode:
+    """Runs one environment on one task through an EngineClient; see the module docstring."""
+
+    def __init__(self, env: Environment, client, tokenizer, cfg: HarnessConfig, window: int,
+                 max_turn_tokens: int, no_experts: list[list[int]] | None = None, index: int = 0):
+        """client: anything with ``async generate(GenerationRequest) -> GenerationResult`` (an
+        EngineClient, or a scripted policy); every request's tag is ``(index, "turn")`` or
+        ``(index, "summary")``. no_experts: see SegmentBuilder (None for dense models)."""
+        self.env, self.client, self.tok, self.cfg = env, client, tokenizer, cfg
+        self.index = index
+        self.window, self.max_turn_tokens, self.no_experts = window, max_turn_tokens, no_experts
+        self.obs_open, self.obs_close = tokenizer.encode(OBS_OPEN), tokenizer.encode(OBS_CLOSE)
+        self.summary_open = tokenizer.encode(SUMMARY_OPEN)
+        self.summary_close = tokenizer.encode(SUMMARY_CLOSE)
+        self.newline = tokenizer.encode("\n")
+        summary_room = (len(self.summary_open) + cfg.summary_max_tokens + len(self.summary_close)
+                        + len(self.newline))
+        self.reserve = summary_room if cfg.context_mode == "summarize" else 0
+        """Tokens kept free at the end of every context (for the summary)."""
+        self.head: list[int] = []
+        self.segments: list[Segment] = []
+        self.seg: SegmentBuilder | None = None
+        self.result = EpisodeResult([], 0.0, "", {}, window=window)
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self, task: Any) -> EpisodeResult:
+        try:
+            self.head = self.tok.encode(await self.env.reset(task), add_bos=True)
+            self._check_head_fits()
+            self.result.head_tokens = len(self.head)
+            self.seg = SegmentBuilder(self.head, self.no_experts)
+            final = await self._loop()
+        finally:
+            await self.env.close()
+        self.segments.append(self.seg.to_segment())
+        r = self.result
+        r.segments = self.segments
+        r.reward += final.reward
+        r.reason = str(final.info.get("reason", "done"))
+        r.info.update(final.info)
+        return r
+
+    async def _loop(self) -> StepResult:
+        r = self.result
+        while True:
+            if r.turns >= self.cfg.max_turns:
+                return await self.env.end("turn_budget")
+            if self._tokens_left() <= 0:
+                return await self.env.end("token_budget")
+            if self._needs_compaction():
+                if self.cfg.context_mode == "stop" or not await self._compact():
+                    return await self.env.end("context")
+                if self._tokens_left() <= 0:
+                    return await self.env.end("token_budget")
+            turn = await self._generate(min(self.max_turn_tokens, self._room()), self.env.stop,
+                                        "turn")
+            self.seg.add_model(turn, turn=True)
+            r.turns += 1
+            step = await self._env_step(turn.text)
+            if step is None:
+                return StepResult("", 0.0, True, {"reason": "step_timeout"})
+            r.reward += step.reward
+            r.tool_errors += "tool_error" in step.info
+            r.info.update(step.info)
+            if step.done:
+                return StepResult("", 0.0, True, step.info)
+            obs = self._observation_ids(step.observation)
+            if len(obs) > self._room():
+                if self._tokens_left() <= 0:  # no tokens left to summarize with
+                    return await self.env.end("token_budget")
+                if self.cfg.context_mode == "stop" or not await self._compact():
+                    return await self.env.end("context")
+            if len(self.obs_open) + len(self.obs_close) > self._room():
+                return await self.env.end("context")
+            self._add_env(self._fit(obs))
+
+    async def _env_step(self, action: str) -> StepResult | None:
+        try:
+            return await asyncio.wait_for(self.env.step(action), self.cfg.step_timeout_s)
+        except TimeoutError:
+            return None
+
+    async def _generate(self, max_new: int, stop: list[str] | None, kind: str):
+        max_new = min(max_new, self._tokens_left())
+        result = await self.client.generate(GenerationRequest(
+            prompt_ids=self.seg.context(), max_new_tokens=max_new, stop=stop,
+            tag=(self.index, kind)))
+        self.result.model_tokens += len(result.token_ids)
+        return result
+
+    # ------------------------------------------------------------------ room and budgets
+
+    def _tokens_left(self) -> int:
+        return self.cfg.max_tokens - self.result.model_tokens
+
+    def _room(self) -> int:
+        """Tokens the context may still grow by (turns and observations)."""
+        return self.window - self.reserve - len(self.seg)
+
+    def _needs_compaction(self) -> bool:
+        return (len(self.seg) >= self.cfg.summary_trigger * self.window
+                or self._room() < self.max_turn_tokens)
+
+    def _check_head_fits(self) -> None:
+        need = len(self.head) + self.reserve + self.max_turn_tokens
+        if need > self.window:
+            raise UserError(
+                f"the environment's first observation is {len(self.head)} tokens; with room for "
+                f"a turn ({self.max_turn_tokens}) and a summary ({self.reserve}) it needs a "
+                f"context window of {need}, but harness.context_window "
+                f"is {self.window}: raise it (and engine.max_seq_len) or shorten the prompt")
+
+    def _observation_ids(self, text: str) -> list[int]:
+        """``<obs>text</obs>`` with the text cut to max_observation_tokens (cut marked)."""
+        ids = self.tok.encode(text)
+        limit = self.cfg.max_observation_tokens
+        if len(ids) > limit:
+            marker = self.tok.encode("...[cut]")
+            ids = ids[: max(limit - len(marker), 0)] + marker[:limit]
+        return self.obs_open + ids + self.obs_close
+
+    def _fit(self, obs: list[int]) -> list[int]:
+        """The observation cut (tags kept) to the room left; unchanged if it fits."""
+        room = self._room()
+        if len(obs) <= room:
+            return obs
+        body = obs[len(self.obs_open): len(obs) - len(self.obs_close)]
+        keep = max(room - len(self.obs_open) - len(self.obs_close), 0)
+        return self.obs_open + body[:keep] + self.obs_close
+
+    def _add_env(self, ids: list[int]) -> None:
+        self.seg.add_env(ids)
+        self.result.env_tokens += len(ids)
+
+    # ------------------------------------------------------------------ compaction
+
+    async def _compact(self) -> bool:
+        """Start a new segment from a summary or the newest turns; False if it cannot help."""
+        if self.cfg.context_mode == "summarize":
+            carried = await self._summarize()
+        else:
+            keep = int(self.cfg.truncate_keep * self.window) - len(self.head)
+            carried = self.seg.history_tail(keep)
+        self.segments.append(self.seg.to_segment())
+        self.seg = SegmentBuilder(self.head + carried, self.no_experts)
+        return not self._needs_compaction()
+
+    async def _summarize(self) -> list[int]:
+        """Ask for a summary (trained in the closing segment); return the next context's
+        ``<summary>...</summary>`` block."""
+        self._add_env(self.summary_open)
+        summary = await self._generate(self.cfg.summary_max_tokens, [SUMMARY_CLOSE], "summary")
+        self.seg.add_model(summary, turn=False)
+        self.result.summary_lengths.append(len(summary.token_ids))
+        ids = list(summary.token_ids)
+        if SUMMARY_CLOSE not in summary.text:
+            ids += self.summary_close
+        return self.summary_open + ids + self.newline

@@ -1,0 +1,215 @@
+"""The long-horizon task family "ledger": facts read early are needed late, many windows later.
+
+A task is a small repository of ``num_files`` files read one at a time (the environment keeps
+the cursor, as a pager does). A few files each hold one step of a function ``f`` as a comment,
+in order ("# f: multiply by five"); the rest is unrelated code. After the last file the agent
+submits the body of ``def f(x):`` applying every step in file order, graded by hidden tests run
+in the sandbox (the funcs family's grader). Example file:
+
+    m03.py (3/24)
+    def scale_3(v):
+        return v * 4
+    # f: multiply by five
+    LIMIT_3 = 7
+
+Why it needs memory: the steps sit in the first ``op_zone`` of the files, so when ``f`` is
+written they are many context windows back. A sliding window has dropped them by construction;
+an agent that summarises its progress ("f so far: x = x * 5") carries them across resets.
+
+Why a tiny byte-level model can learn it on a CPU: each action is short and formulaic (open the
+next file; write a summary that copies the code so far plus the new step; submit that code), and
+a step's words map to one line of code exactly as in the funcs family.
+
+The held-out split is disjoint by construction, as in funcs: a spec is held out iff a hash of
+its canonical form falls in bucket 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+
+from tidal.tasks.family import (CONST_RANGE, NUMBER_WORDS, OP_BY_NAME, OPS, Task, _slip,
+                                canonical, evaluate, split_specs)
+from tidal.tasks.longhorizon_config import LedgerConfig
+
+GENERATOR_VERSION = 1
+"""Bump whenever task text, the expert or the demonstrations change (pretrain cache key)."""
+
+TEST_RANGE = (-30, 30)
+FUNCTION_HEADER = "def f(x):\n"
+STEP_MARK = "# f: "
+PROMPT = "Write f: all '# f:' steps.\n"
+NO_STEPS = "none"
+"""The summary before any step was found."""
+
+LEDGER_OPS = [op for op in OPS if not op[2].startswith("if ")]
+"""The funcs steps that are plain assignments, so the code of f is one line: statements joined by
+"; " (a one-line ``if`` would swallow the statements after it)."""
+LEDGER_OP_NAMES = {op[0] for op in LEDGER_OPS}
+
+# Unrelated code, filled with the file's number and a small constant.
+FILLER = [
+    "def scale_{k}(v):\n    return v * {c}",
+    "LIMIT_{k} = {c}",
+    "def shift_{k}(v):\n    return v + {c}",
+    "NAMES_{k} = ['a', 'b']",
+    "# tidy up module {k}",
+    "def clip_{k}(v):\n    return min(v, {c})",
+]
+
+
+@dataclass(frozen=True)
+class LedgerTask:
+    """One task: the spec of f, the files in reading order, and hidden tests.
+
+    op_files[i] is the index (0-based) of the file holding step i of the spec.
+    """
+
+    task_id: str
+    spec: tuple[tuple[str, int], ...]
+    files: tuple[str, ...]
+    op_files: tuple[int, ...]
+    tests: tuple[tuple[int, int], ...]
+    prompt: str = PROMPT
+
+    @property
+    def level(self) -> int:
+        return len(self.spec)
+
+    @property
+    def reference_solution(self) -> str:
+        """The code the agent submits: f's statements on one line."""
+        return code_text(self.spec)
+
+    def function_task(self) -> Task:
+        """``f`` as a funcs-family task, so the funcs grader runs a submitted body."""
+        return Task(self.task_id, self.level, self.spec, FUNCTION_HEADER, self.tests)
+
+
+def step_phrase(name: str, c: int) -> str:
+    return OP_BY_NAME[name][1].format(c=NUMBER_WORDS[c])
+
+
+def statement(name: str, c: int) -> str:
+    return OP_BY_NAME[name][2].format(c=c)
+
+
+def code_text(spec) -> str:
+    """What the agent submits and its summaries carry: ``x = x * 5; x = x + 7``."""
+    return "; ".join(statement(n, c) for n, c in spec)
+
+
+def body_text(code: str) -> str:
+    """The body of f made of submitted ``code`` (one line of statements), as the grader runs it."""
+    return "    " + code.strip() + "\n    return x\n"
+
+
+def file_name(index: int) -> str:
+    return f"m{index + 1:02d}.py"
+
+
+def file_text(index: int, step: tuple[str, int] | None, rng: random.Random, filler_lines: int) -> str:
+    """One file: ``filler_lines`` lines of unrelated code, and the step's comment (if any) at a
+    random place among them."""
+    lines = [rng.choice(FILLER).format(k=index + 1, c=rng.randint(*CONST_RANGE)) for _ in range(filler_lines)]
+    if step is not None:
+        lines.insert(rng.randint(0, len(lines)), STEP_MARK + step_phrase(*step))
+    return "\n".join(lines) + "\n"
+
+
+def place_steps(rng: random.Random, cfg: LedgerConfig, count: int) -> tuple[int, ...]:
+    """Sorted distinct file indices in the first op_zone of the files."""
+    zone = max(count, int(cfg.num_files * cfg.op_zone))
+    return tuple(sorted(rng.sample(range(zone), count)))
+
+
+def make_task(spec, rng: random.Random, cfg: LedgerConfig) -> LedgerTask:
+    op_files = place_steps(rng, cfg, len(spec))
+    step_at = dict(zip(op_files, spec))
+    files = tuple(file_text(i, step_at.get(i), rng, cfg.filler_lines) for i in range(cfg.num_files))
+    xs = rng.sample(range(TEST_RANGE[0], TEST_RANGE[1] + 1), cfg.num_tests)
+    tests = tuple((x, evaluate(spec, x)) for x in xs)
+    layout = hashlib.sha256(("\x00".join(files)).encode()).hexdigest()[:6]
+    task_id = f"ledger-{hashlib.sha256(canonical(spec).encode()).hexdigest()[:10]}-{layout}"
+    return LedgerTask(task_id, tuple(spec), files, op_files, tests)
+
+
+def sample_tasks(cfg: LedgerConfig, n: int, seed: int, heldout: bool) -> list[LedgerTask]:
+    """``n`` tasks from the training (heldout=False) or held-out (True) split; deterministic in
+    (cfg, seed). Specs never cross splits; held-out specs are distinct."""
+    rng = random.Random(f"ledger-{seed}-{'heldout' if heldout else 'train'}")
+    specs = split_specs(rng, n, (cfg.min_ops, cfg.max_ops), cfg.heldout_buckets, heldout, LEDGER_OPS)
+    return [make_task(spec, rng, cfg) for spec in specs]
+
+
+# ---------------------------------------------------------------- the scripted expert
+
+
+def _all_steps(constants: range):
+    for name in LEDGER_OP_NAMES:
+        for c in (constants if OP_BY_NAME[name][3] else [0]):
+            yield name, c
+
+
+PHRASE_TO_STEP = {step_phrase(n, c): (n, c) for n, c in _all_steps(range(CONST_RANGE[0], CONST_RANGE[1] + 1))}
+STATEMENT_TO_STEP = {statement(n, c): (n, c) for n, c in _all_steps(range(0, CONST_RANGE[1] + 2))}
+"""Every statement a summary may hold (constants 0..10: a slip can push one out of range)."""
+
+
+def parse_steps(text: str) -> list[tuple[str, int]]:
+    """The steps named by '# f:' comments in a file's text, in order."""
+    return [PHRASE_TO_STEP[line[len(STEP_MARK):]] for line in text.splitlines()
+            if line.startswith(STEP_MARK) and line[len(STEP_MARK):] in PHRASE_TO_STEP]
+
+
+def parse_code(code: str) -> list[tuple[str, int]]:
+    """The steps of a code line (a summary) the expert wrote; unknown statements are skipped."""
+    return [STATEMENT_TO_STEP[s.strip()] for s in code.split(";") if s.strip() in STATEMENT_TO_STEP]
+
+
+def summary_text(memory: list[tuple[str, int]]) -> str:
+    """What the expert writes when its context is reset: the code of f found so far."""
+    return code_text(memory) if memory else NO_STEPS
+
+
+def slipped(memory: list[tuple[str, int]], rng: random.Random) -> list[tuple[str, int]]:
+    """A plausible lapse of memory: one step dropped, or one step garbled (a confused operator
+    or an off-by-one constant, the funcs family's slips)."""
+    out = list(memory)
+    i = rng.randrange(len(out))
+    if rng.random() < 0.5:
+        del out[i]
+        return out
+    while out[i] == memory[i]:  # an off-by-one at the range's end can give the same constant
+        out[i] = _slip(rng, *memory[i])
+    return out
+
+
+class LedgerExpert:
+    """The scripted policy the demonstrations come from: open files until there are none, write
+    summaries carrying the code found so far, submit it.
+
+    It keeps no state: like a model, it knows only what its context shows (``recall``).
+    """
+
+    def __init__(self, rng: random.Random, slip_rate: float):
+        self.rng = rng
+        self.slip_rate = slip_rate
+
+    def recall(self, summary: str | None, observations: list[str]) -> list[tuple[str, int]]:
+        """What a reader of the context knows: the carried summary's steps (believed as
+        written), then the steps of the files shown after it."""
+        memory = parse_code(summary) if summary else []
+        for text in observations:
+            memory += parse_steps(text)
+        return memory
+
+    def summarize(self, memory: list[tuple[str, int]]) -> str:
+        if memory and self.rng.random() < self.slip_rate:
+            memory = slipped(memory, self.rng)
+        return summary_text(memory)
+
+    def answer(self, memory: list[tuple[str, int]]) -> str:
+        return code_text(memory)

@@ -1,0 +1,140 @@
+"""Demonstrations of the ledger family, in exactly the harness's token format (mid-training corpus).
+
+The scripted expert plays through the harness's own ``Episode`` loop in place of the engine:
+``ExpertClient`` answers each generation request (a turn, or a summary once the context fills)
+from what the request's context shows, as a model would. So a demonstration is the chain of
+segments the harness builds — head, ``<call>``s, ``<obs>``ervations, ``<summary>`` requests and
+summaries, resets — token for token, with no second copy of the format to drift out of step.
+
+What the expert knows is only its context: the summary carried into it (believed, even when a
+slip garbled it) and the files shown since. When asked for a summary it writes the code of f
+found so far ("x = x * 5; x = x + 7"); with probability ``summary_slip_rate`` that summary drops or garbles a step, and
+the episode then ends with a wrong f, so the mid-trained model keeps facts only most of the time
+and RL has something to fix.
+
+Documents: one per segment (the context window the model saw, as text), padded after its last
+token to a fixed length so that packing puts exactly one segment in each row: a row cut through
+a segment would teach the model to act without the summary it was given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterable
+
+from tidal.engine.config import EngineConfig
+from tidal.engine.request import GenerationRequest, GenerationResult
+from tidal.env.longhorizon import NO_MORE_FILES, LedgerEnvironment
+from tidal.env.rubric import Rubric
+from tidal.env.toolcall import OBS_CLOSE, OBS_OPEN, format_call
+from tidal.harness.config import HarnessConfig
+from tidal.harness.episode import SUMMARY_CLOSE, SUMMARY_OPEN, Episode
+from tidal.model.tokenizer import ByteTokenizer
+from tidal.tasks import longhorizon as family
+from tidal.tasks.longhorizon import LedgerTask
+from tidal.tasks.longhorizon_config import LedgerConfig
+from tidal.types import Segment
+
+PAD = "\x00"
+"""Fills a document after its segment (never generated: every turn ends at a stop string first)."""
+
+def read_context(context: str) -> tuple[str | None, list[str]]:
+    """The summary carried into ``context`` (None if none) and the observations shown after it."""
+    summary = None
+    start = context.rfind(SUMMARY_OPEN)
+    if start >= 0:
+        end = context.find(SUMMARY_CLOSE, start)
+        summary = context[start + len(SUMMARY_OPEN): end if end >= 0 else None]
+        context = context[end if end >= 0 else len(context):]
+    return summary, [block.split(OBS_CLOSE)[0] for block in context.split(OBS_OPEN)[1:]]
+
+
+class ExpertClient:
+    """Stands in for the engine client of one episode: the expert answers from the context."""
+
+    def __init__(self, tokenizer, rng: random.Random, slip_rate: float):
+        self.tok = tokenizer
+        self.expert = family.LedgerExpert(rng, slip_rate)
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        context = self.tok.decode(request.prompt_ids)
+        if context.endswith(SUMMARY_OPEN):
+            text = self.summary(context) + SUMMARY_CLOSE
+        else:
+            text = self.turn(context)
+        ids = self.tok.encode(text)[: request.max_new_tokens]
+        return GenerationResult(request_id=0, prompt_ids=request.prompt_ids, token_ids=ids,
+                                logprobs=[0.0] * len(ids), versions=[0] * len(ids), experts=None,
+                                finish_reason="stop", text=self.tok.decode(ids))
+
+    def turn(self, context: str) -> str:
+        if context.endswith(OBS_OPEN + NO_MORE_FILES + OBS_CLOSE):
+            code = self.expert.answer(self.expert.recall(*read_context(context)))
+            return format_call("submit", {"code": code})
+        return format_call("next_file", {})
+
+    def summary(self, context: str) -> str:
+        memory = self.expert.recall(*read_context(context[: -len(SUMMARY_OPEN)]))  # minus the request
+        return self.expert.summarize(memory)
+
+
+def _matches_reference(task: LedgerTask, env: LedgerEnvironment) -> float:
+    """Demonstrations are scored without the sandbox: the expert's code is right iff it is the
+    reference text (it writes steps only in the reference's form)."""
+    return float(env.submitted == task.reference_solution)
+
+
+def demo_harness(window: int, harness: HarnessConfig | None = None) -> HarnessConfig:
+    """The harness settings of a demonstration at ``window``: the given ones (None: the
+    defaults in summarize mode) with turn and token budgets that never cut the expert short."""
+    base = harness or HarnessConfig(context_mode="summarize")
+    return base.model_copy(update={"context_window": window, "max_turns": 10_000,
+                                   "max_tokens": 1_000_000})
+
+
+async def _play(task: LedgerTask, cfg: HarnessConfig, rng: random.Random, slip_rate: float):
+    tok = ByteTokenizer()
+    env = LedgerEnvironment(None, Rubric([(_matches_reference, 1.0)]))
+    max_turn = cfg.max_turn_tokens or EngineConfig().max_new_tokens  # as run_episodes decides
+    episode = Episode(env, ExpertClient(tok, rng, slip_rate), tok, cfg, cfg.context_window, max_turn)
+    return await episode.run(task)
+
+
+def play_expert(tasks: Iterable[LedgerTask], window: int, slip_rate: float, seed: int,
+                harness: HarnessConfig | None = None) -> list:
+    """The expert's episode (an ``EpisodeResult``) on each task, at context window ``window``."""
+    cfg = demo_harness(window, harness)
+    rng = random.Random(f"ledger-expert-{seed}")
+
+    async def all_of_them():
+        return [await _play(t, cfg, rng, slip_rate) for t in tasks]
+
+    return asyncio.run(all_of_them())
+
+
+def segment_text(segment: Segment) -> str:
+    """The segment's context as text (the byte tokenizer's bos is the document's own bos)."""
+    return ByteTokenizer().decode(segment.prompt_ids + segment.completion_ids)
+
+
+def padded_document(text: str, seq_len: int) -> str:
+    """``text`` padded so that bos + text + eos is exactly ``seq_len`` tokens."""
+    room = seq_len - 2 - len(text.encode("utf-8"))
+    if room < 0:
+        raise ValueError(f"a segment of {len(text)} bytes does not fit pretrain.seq_len {seq_len}")
+    return text + PAD * room
+
+
+def build_demo_corpus(cfg: LedgerConfig, windows: list[int], n_episodes: int, seed: int,
+                      seq_len: int, harness: HarnessConfig | None = None) -> list[str]:
+    """Mid-training documents: ``n_episodes`` expert episodes on training-split tasks, spread
+    evenly over ``windows``, one padded document per segment (see the module docstring)."""
+    tasks = family.sample_tasks(cfg, n_episodes, seed + 1_000_003, heldout=False)
+    docs: list[str] = []
+    for w, window in enumerate(windows):
+        for result in play_expert(tasks[w::len(windows)], window, cfg.summary_slip_rate, seed + w,
+                                  harness):
+            docs += [padded_document(segment_text(s), seq_len) for s in result.segments]
+    random.Random(seed).shuffle(docs)
+    return docs

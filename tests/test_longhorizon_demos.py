@@ -1,0 +1,85 @@
+"""Ledger demonstrations: the scripted expert through the harness's own episode loop."""
+
+import pytest
+
+from tidal.bench.horizon_bench import harness_for
+from tidal.env.toolcall import CALL_CLOSE, CALL_OPEN
+from tidal.harness.episode import SUMMARY_CLOSE, SUMMARY_OPEN
+from tidal.model.tokenizer import ByteTokenizer
+from tidal.tasks.longhorizon import parse_code, sample_tasks
+from tidal.tasks.longhorizon_config import LedgerConfig
+from tidal.tasks.longhorizon_demos import (PAD, build_demo_corpus, padded_document, play_expert,
+                                           read_context, segment_text)
+
+WINDOW = 384
+CFG = LedgerConfig(num_files=38)
+
+
+@pytest.fixture(scope="module")
+def clean_episodes():
+    tasks = sample_tasks(CFG, 12, 0, False)
+    return tasks, play_expert(tasks, WINDOW, 0.0, 0, harness_for(WINDOW, "summarize"))
+
+
+def test_clean_expert_solves_every_task_over_many_windows(clean_episodes):
+    _, results = clean_episodes
+    assert all(r.reward == 1.0 for r in results)
+    assert all(r.effective_horizon >= 10 for r in results)  # the family's point: >= 8x the window
+    assert all(r.resets >= 10 and r.tool_errors == 0 for r in results)
+
+
+def test_segments_fit_the_window_and_carry_the_summary_forward(clean_episodes):
+    tasks, results = clean_episodes
+    tok = ByteTokenizer()
+    for task, r in zip(tasks, results):
+        for before, after in zip(r.segments, r.segments[1:]):
+            assert len(before.prompt_ids) + len(before.completion_ids) <= WINDOW
+            written = tok.decode(before.completion_ids).rsplit(SUMMARY_OPEN, 1)[1]
+            carried, _ = read_context(tok.decode(after.prompt_ids))
+            assert written == carried + SUMMARY_CLOSE
+            assert parse_code(carried) == list(task.spec[: len(parse_code(carried))])
+        assert parse_code(carried) == list(task.spec)  # every step survived every reset
+
+
+def test_only_calls_and_summaries_are_model_tokens(clean_episodes):
+    _, results = clean_episodes
+    tok = ByteTokenizer()
+    for seg in results[0].segments:
+        model = tok.decode([t for t, m in zip(seg.completion_ids, seg.loss_mask) if m])
+        env = tok.decode([t for t, m in zip(seg.completion_ids, seg.loss_mask) if not m])
+        assert model.replace(CALL_OPEN, "").replace(CALL_CLOSE, "").count("<obs>") == 0
+        assert "<obs>" in env or SUMMARY_OPEN in env
+        assert model.count(CALL_OPEN) == model.count(CALL_CLOSE)
+
+
+def test_truncation_loses_the_steps_by_construction():
+    tasks = sample_tasks(CFG, 6, 1, False)
+    results = play_expert(tasks, WINDOW, 0.0, 0, harness_for(WINDOW, "truncate"))
+    # The same expert, reading only what the sliding window still shows, cannot write f.
+    assert all(r.reward == 0.0 for r in results)
+    assert all(r.effective_horizon >= 8 for r in results)
+
+
+def test_slips_make_some_demonstrations_fail():
+    tasks = sample_tasks(CFG, 40, 2, False)
+    results = play_expert(tasks, WINDOW, 0.05, 0, harness_for(WINDOW, "summarize"))
+    solved = sum(r.reward for r in results) / len(results)
+    assert 0.2 < solved < 0.9
+
+
+def test_corpus_is_one_padded_segment_per_row():
+    seq_len = WINDOW + 2
+    docs = build_demo_corpus(CFG, [WINDOW], 6, seed=0, seq_len=seq_len,
+                             harness=harness_for(WINDOW, "summarize"))
+    assert len(docs) >= 6 * 10
+    assert {len(d.encode()) + 2 for d in docs} == {seq_len}  # bos + text + eos fills one row
+    assert all(d.startswith("\nTools:") and d.rstrip(PAD)[-1] != PAD for d in docs)
+    with pytest.raises(ValueError, match="does not fit"):
+        padded_document("x" * seq_len, seq_len)
+
+
+def test_segment_text_round_trips_the_tokens(clean_episodes):
+    _, results = clean_episodes
+    tok = ByteTokenizer()
+    seg = results[0].segments[3]
+    assert tok.encode(segment_text(seg), add_bos=True) == seg.prompt_ids + seg.completion_ids

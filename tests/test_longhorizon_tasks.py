@@ -1,0 +1,120 @@
+"""The long-horizon family "ledger": tasks, held-out split, the scripted expert, the environment."""
+
+import asyncio
+import random
+
+import pytest
+
+from tidal.env.longhorizon import NO_MORE_FILES, load_environment
+from tidal.env.toolcall import format_call
+from tidal.sandbox import Sandbox
+from tidal.sandbox.config import SandboxConfig
+from tidal.tasks.family import canonical, evaluate, is_heldout
+from tidal.tasks.longhorizon import (NO_STEPS, LedgerExpert, body_text, code_text, parse_code,
+                                     parse_steps, sample_tasks, slipped)
+from tidal.tasks.longhorizon_config import LedgerConfig
+
+CFG = LedgerConfig(num_files=12)
+
+
+def test_deterministic_from_seed():
+    assert sample_tasks(CFG, 10, 3, False) == sample_tasks(CFG, 10, 3, False)
+    assert sample_tasks(CFG, 10, 3, False) != sample_tasks(CFG, 10, 4, False)
+
+
+def test_heldout_disjoint_from_training_by_construction():
+    held = sample_tasks(CFG, 100, 0, True)
+    train = sample_tasks(CFG, 2000, 1, False)
+    assert len({canonical(t.spec) for t in held}) == 100
+    assert not {t.spec for t in held} & {t.spec for t in train}
+    assert all(is_heldout(t.spec, CFG.heldout_buckets) for t in held)
+
+
+def test_steps_sit_early_in_order_one_per_file():
+    for task in sample_tasks(CFG, 50, 0, False):
+        assert CFG.min_ops <= len(task.spec) <= CFG.max_ops
+        assert all(i < CFG.num_files * CFG.op_zone for i in task.op_files)
+        found = [s for text in task.files for s in parse_steps(text)]
+        assert tuple(found) == task.spec
+        assert [i for i, text in enumerate(task.files) if parse_steps(text)] == list(task.op_files)
+
+
+def test_reference_solution_passes_hidden_tests():
+    for task in sample_tasks(CFG, 50, 1, False):
+        ns: dict = {}
+        exec("def f(x):\n" + body_text(task.reference_solution), ns)
+        assert all(ns["f"](x) == y == evaluate(task.spec, x) for x, y in task.tests)
+
+
+def play_without_context(task, expert, summarize_every):
+    """The expert reading the files, its context reset to its own summary every few files."""
+    summary, seen = None, []
+    for i, text in enumerate(task.files):
+        seen.append(text)
+        if i % summarize_every == summarize_every - 1:
+            summary, seen = expert.summarize(expert.recall(summary, seen)), []
+    return expert.answer(expert.recall(summary, seen))
+
+
+def test_expert_without_slips_is_right_through_its_own_summaries():
+    for task in sample_tasks(CFG, 30, 2, False):
+        expert = LedgerExpert(random.Random(0), slip_rate=0.0)
+        assert play_without_context(task, expert, summarize_every=2) == task.reference_solution
+        assert expert.summarize([]) == NO_STEPS
+        assert parse_code(expert.summarize(list(task.spec))) == list(task.spec)
+
+
+def test_expert_slips_change_the_answer_at_about_the_rate():
+    tasks = sample_tasks(CFG, 300, 3, False)
+    wrong = sum(play_without_context(t, LedgerExpert(random.Random(i), 0.1), 1) != t.reference_solution
+                for i, t in enumerate(tasks))
+    # 12 summaries, those after the first step (in the first half) can slip: P(no slip) ~ 0.9^9
+    assert 0.45 < wrong / len(tasks) < 0.8
+
+
+def test_slipped_memory_differs():
+    rng = random.Random(0)
+    memory = [("add", 3), ("mul", 2)]
+    for _ in range(50):
+        out = slipped(memory, rng)
+        assert out != memory and len(out) >= len(memory) - 1
+
+
+def test_code_is_one_line_of_statements_and_the_body_returns():
+    assert code_text((("add", 3), ("max", 2))) == "x = x + 3; x = max(x, 2)"
+    assert body_text("x = x + 3; x = max(x, 2)") == "    x = x + 3; x = max(x, 2)\n    return x\n"
+    assert parse_code("x = x + 3; x = bogus; x = max(x, 2)") == [("add", 3), ("max", 2)]
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return load_environment(Sandbox(SandboxConfig(backend="subprocess")), num_files=6)
+
+
+def play(spec, task, actions):
+    async def go():
+        env = spec.make()
+        head = await env.reset(task)
+        results = [await env.step(a) for a in actions]
+        await env.close()
+        return head, results
+
+    return asyncio.run(go())
+
+
+def test_environment_pages_files_then_grades_the_submission(spec):
+    task = spec.sample_tasks(1, 0, False)[0]
+    reads = [format_call("next_file", {})] * (len(task.files) + 1)
+    head, results = play(spec, task, reads + [format_call("submit", {"code": task.reference_solution})])
+    assert "next_file()" in head and "submit(code: string)" in head and task.prompt.strip() in head
+    assert [r.observation.split("\n")[0] for r in results[:2]] == ["m01.py (1/6)", "m02.py (2/6)"]
+    assert results[len(task.files)].observation == NO_MORE_FILES
+    assert not any(r.done for r in results[:-1])
+    assert results[-1].done and results[-1].reward == 1.0
+
+
+def test_environment_wrong_or_malformed_submission(spec):
+    task = spec.sample_tasks(1, 0, False)[0]
+    _, results = play(spec, task, ["<call>{nope</call>", format_call("submit", {"code": "    return 0\n"})])
+    assert "bad_json" in results[0].observation and not results[0].done
+    assert results[1].done and results[1].reward == 0.0
