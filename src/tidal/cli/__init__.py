@@ -14,10 +14,10 @@ import sys
 # Before torch loads: idle OpenMP threads must not spin on a small machine shared with sandboxes.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from tidal.cli import bench, run  # noqa: E402
+from tidal.cli import bench, run, sync  # noqa: E402
 from tidal.errors import UserError  # noqa: E402
 
-COMMAND_GROUPS = (run, bench)
+COMMAND_GROUPS = (run, bench, sync)
 """Modules that each contribute subcommands through ``add_parsers(subparsers)``."""
 
 

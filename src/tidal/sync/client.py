@@ -1,0 +1,103 @@
+"""HTTP fetching of one form's chunks: several parallel range requests, every chunk checked
+against its xxh3 as soon as its bytes arrive, and what was verified kept across retries and
+upstreams, so a broken connection costs only the chunks not yet received."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import xxhash
+
+from tidal.sync.config import SyncConfig
+from tidal.sync.errors import SyncError, VerificationError
+from tidal.sync.manifest import ChunkEntry, WeightManifest
+
+NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, asyncio.IncompleteReadError, OSError)
+"""What a broken, refused, truncated or stalled connection raises."""
+
+ChunkKey = tuple[int, int, str]
+"""(offset, length, xxh3): a verified payload is reusable wherever a manifest names the same."""
+
+
+def chunk_key(c: ChunkEntry) -> ChunkKey:
+    return (c.offset, c.length, c.xxh3)
+
+
+def session(cfg: SyncConfig) -> aiohttp.ClientSession:
+    timeout = aiohttp.ClientTimeout(sock_connect=cfg.timeout_s, sock_read=cfg.timeout_s)
+    return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=cfg.connections * 2))
+
+
+async def get_bytes(http: aiohttp.ClientSession, url: str) -> bytes:
+    async with http.get(url) as resp:
+        if resp.status == 404:
+            raise SyncError(f"{url} was not found (404): {(await resp.text())[:200]}")
+        if resp.status != 200:
+            raise SyncError(f"{url} answered HTTP {resp.status}: {(await resp.text())[:200]}")
+        return await resp.read()
+
+
+async def get_json(http: aiohttp.ClientSession, url: str):
+    return json.loads(await get_bytes(http, url))
+
+
+def range_groups(chunks: list[tuple[int, ChunkEntry]], request_bytes: int) -> list[list[tuple[int, ChunkEntry]]]:
+    """Adjacent chunks grouped into requests of up to ``request_bytes`` (a chunk is never split)."""
+    groups: list[list[tuple[int, ChunkEntry]]] = []
+    for i, c in chunks:
+        last = groups[-1] if groups else None
+        if (last and last[-1][0] == i - 1
+                and c.offset + c.length - last[0][1].offset <= request_bytes):
+            last.append((i, c))
+        else:
+            groups.append([(i, c)])
+    return groups
+
+
+async def fetch_group(http: aiohttp.ClientSession, url: str, group, have: dict[ChunkKey, bytes]) -> int:
+    """One range request; stores each chunk that verifies. Returns bytes received."""
+    first, last = group[0][1], group[-1][1]
+    headers = {"Range": f"bytes={first.offset}-{last.offset + last.length - 1}"}
+    received = 0
+    async with http.get(url, headers=headers) as resp:
+        if resp.status != 206:
+            raise SyncError(f"{url} answered HTTP {resp.status} to a range request")
+        for i, c in group:
+            payload = await resp.content.readexactly(c.length)
+            received += c.length
+            if xxhash.xxh3_64_hexdigest(payload) != c.xxh3:
+                raise VerificationError(f"chunk {i} from {url} fails its checksum")
+            have[chunk_key(c)] = payload
+    return received
+
+
+async def fetch_chunks(http: aiohttp.ClientSession, base_url: str, manifest: WeightManifest,
+                       have: dict[ChunkKey, bytes], cfg: SyncConfig) -> int:
+    """Fill ``have`` with every chunk of ``manifest`` from ``base_url``; bytes received."""
+    url = f"{base_url}/v/{manifest.version}/{manifest.kind}/data"
+    limit = asyncio.Semaphore(cfg.connections)
+    received, last_error = 0, None
+
+    async def one(group) -> None:
+        nonlocal received, last_error
+        async with limit:
+            try:
+                received += await fetch_group(http, url, group, have)
+            except (*NETWORK_ERRORS, SyncError) as e:
+                last_error = e
+
+    for attempt in range(cfg.retries + 1):
+        missing = [(i, c) for i, c in enumerate(manifest.chunks) if chunk_key(c) not in have]
+        if not missing:
+            return received
+        if attempt:
+            await asyncio.sleep(min(0.05 * 2 ** attempt, 1.0))
+        await asyncio.gather(*(one(g) for g in range_groups(missing, cfg.request_bytes)))
+    missing = sum(chunk_key(c) not in have for c in manifest.chunks)
+    if not missing:
+        return received
+    raise SyncError(f"{missing} chunk(s) of version {manifest.version} ({manifest.kind}) could not be "
+                    f"fetched from {base_url} after {cfg.retries + 1} tries; last error: "
+                    f"{type(last_error).__name__}: {last_error}")
