@@ -31,6 +31,15 @@ def session(cfg: SyncConfig) -> aiohttp.ClientSession:
 
 
 async def get_bytes(http: aiohttp.ClientSession, url: str) -> bytes:
+    """A whole small answer (index, manifest, blob). A kept-alive connection that the server
+    closed meanwhile (it restarted) is retried once on a new one."""
+    try:
+        return await _get_bytes(http, url)
+    except aiohttp.ClientConnectionError:
+        return await _get_bytes(http, url)
+
+
+async def _get_bytes(http: aiohttp.ClientSession, url: str) -> bytes:
     async with http.get(url) as resp:
         if resp.status == 404:
             raise SyncError(f"{url} was not found (404): {(await resp.text())[:200]}")
@@ -56,48 +65,53 @@ def range_groups(chunks: list[tuple[int, ChunkEntry]], request_bytes: int) -> li
     return groups
 
 
-async def fetch_group(http: aiohttp.ClientSession, url: str, group, have: dict[ChunkKey, bytes]) -> int:
-    """One range request; stores each chunk that verifies. Returns bytes received."""
+async def fetch_group(http: aiohttp.ClientSession, url: str, group, have: dict[ChunkKey, bytes],
+                      received: list[int]) -> None:
+    """One range request; stores each chunk that verifies; adds the bytes read to received[0]
+    (also those of a response that breaks off or fails a check)."""
     first, last = group[0][1], group[-1][1]
     headers = {"Range": f"bytes={first.offset}-{last.offset + last.length - 1}"}
-    received = 0
     async with http.get(url, headers=headers) as resp:
         if resp.status != 206:
             raise SyncError(f"{url} answered HTTP {resp.status} to a range request")
         for i, c in group:
-            payload = await resp.content.readexactly(c.length)
-            received += c.length
+            try:
+                payload = await resp.content.readexactly(c.length)
+            except asyncio.IncompleteReadError as e:
+                received[0] += len(e.partial)
+                raise
+            received[0] += c.length
             if xxhash.xxh3_64_hexdigest(payload) != c.xxh3:
                 raise VerificationError(f"chunk {i} from {url} fails its checksum")
             have[chunk_key(c)] = payload
-    return received
 
 
 async def fetch_chunks(http: aiohttp.ClientSession, base_url: str, manifest: WeightManifest,
-                       have: dict[ChunkKey, bytes], cfg: SyncConfig) -> int:
-    """Fill ``have`` with every chunk of ``manifest`` from ``base_url``; bytes received."""
+                       have: dict[ChunkKey, bytes], cfg: SyncConfig, received: list[int]) -> None:
+    """Fill ``have`` with every chunk of ``manifest`` from ``base_url``; the bytes read (good or
+    bad) are added to ``received[0]``."""
     url = f"{base_url}/v/{manifest.version}/{manifest.kind}/data"
     limit = asyncio.Semaphore(cfg.connections)
-    received, last_error = 0, None
+    last_error = None
 
     async def one(group) -> None:
-        nonlocal received, last_error
+        nonlocal last_error
         async with limit:
             try:
-                received += await fetch_group(http, url, group, have)
+                await fetch_group(http, url, group, have, received)
             except (*NETWORK_ERRORS, SyncError) as e:
                 last_error = e
 
     for attempt in range(cfg.retries + 1):
         missing = [(i, c) for i, c in enumerate(manifest.chunks) if chunk_key(c) not in have]
         if not missing:
-            return received
+            return
         if attempt:
             await asyncio.sleep(min(0.05 * 2 ** attempt, 1.0))
         await asyncio.gather(*(one(g) for g in range_groups(missing, cfg.request_bytes)))
     missing = sum(chunk_key(c) not in have for c in manifest.chunks)
     if not missing:
-        return received
+        return
     raise SyncError(f"{missing} chunk(s) of version {manifest.version} ({manifest.kind}) could not be "
                     f"fetched from {base_url} after {cfg.retries + 1} tries; last error: "
                     f"{type(last_error).__name__}: {last_error}")

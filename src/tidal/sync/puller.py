@@ -38,7 +38,12 @@ class Puller:
         self.tensors: list[TensorBits] | None = None
         self.manifest: WeightManifest | None = None
         self.files: dict[str, bytes] = {}
-        self.bytes_fetched = 0
+        self._received = [0]
+
+    @property
+    def bytes_fetched(self) -> int:
+        """Version data bytes received so far (including those of failed responses)."""
+        return self._received[0]
 
     def hold(self, manifest: WeightManifest, tensors: list[TensorBits], files: dict[str, bytes]) -> None:
         """Start from a version already on hand (e.g. read back from disk and verified)."""
@@ -68,7 +73,12 @@ class Puller:
             avoid: set = set()
             reasons: list[str] = []
             for _ in range(MAX_REPLANS):
-                path, _ = cheapest_path(index["forms"], target, self.version, frozenset(avoid))
+                try:
+                    path, _ = cheapest_path(index["forms"], target, self.version, frozenset(avoid))
+                except SyncError:
+                    if not reasons:
+                        raise
+                    break
                 result = await self._follow(http, path, avoid, reasons)
                 if result is not None:
                     manifest, tensors = result
@@ -107,7 +117,7 @@ class Puller:
             try:
                 manifest = WeightManifest.from_json(
                     await get_bytes(http, f"{up}/v/{version}/{kind}/manifest"))
-                self.bytes_fetched += await fetch_chunks(http, up, manifest, have, self.cfg)
+                await fetch_chunks(http, up, manifest, have, self.cfg, self._received)
                 tensors = await asyncio.to_thread(
                     apply_form, manifest, lambda i: have[chunk_key(manifest.chunks[i])], base, self.cfg.threads)
                 return manifest, tensors

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 
 from tidal.sync.client import NETWORK_ERRORS, chunk_key, fetch_chunks, get_bytes, get_json, session
 from tidal.sync.config import SyncConfig
@@ -26,6 +27,8 @@ class Relay:
         self._locks: dict = {}
         self._partial: dict = {}
         self._http = None
+        self._index: tuple[float, dict] | None = None
+        self.bytes_fetched = [0]
 
     def _session(self):
         if self._http is None:
@@ -38,10 +41,15 @@ class Relay:
             self._http = None
 
     async def index(self) -> dict:
-        """The first reachable upstream's index; this cache's own if none answers."""
+        """The first reachable upstream's index (reused for ``poll_interval_s``, so many pullers
+        polling a relay do not multiply requests upstream); this cache's own if none answers."""
+        now = time.monotonic()
+        if self._index is not None and now - self._index[0] < self.cfg.poll_interval_s:
+            return self._index[1]
         for up in self.upstreams:
             try:
-                return await get_json(self._session(), f"{up}/index")
+                self._index = (now, await get_json(self._session(), f"{up}/index"))
+                return self._index[1]
             except (*NETWORK_ERRORS, SyncError):
                 continue
         return self.store.index()
@@ -61,7 +69,7 @@ class Relay:
             try:
                 manifest = WeightManifest.from_json(
                     await get_bytes(self._session(), f"{up}/v/{version}/{kind}/manifest"))
-                await fetch_chunks(self._session(), up, manifest, have, self.cfg)
+                await fetch_chunks(self._session(), up, manifest, have, self.cfg, self.bytes_fetched)
                 for f in manifest.files:
                     await self.ensure_blob(f.sha256)
             except (*NETWORK_ERRORS, SyncError, ValueError) as e:

@@ -5,7 +5,8 @@
     GET /v/{version}/{kind}/manifest
     GET /v/{version}/{kind}/data    HTTP Range supported (resume, parallel ranges)
     GET /blob/{sha256}              side files (config.json, ...)
-    GET /stats                      bytes this server has sent (Content-Length of its answers)
+    GET /stats                      bytes this server has sent (Content-Length of its answers):
+                                    all, and those of manifests and data (version_bytes_sent)
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ from tidal.sync.store import KINDS, VersionStore
 if TYPE_CHECKING:
     from tidal.sync.relay import Relay
 
+STATS = web.AppKey("stats", dict)
+"""``app[STATS]``: {"bytes_sent", "version_bytes_sent", "requests"} of a server made by make_app."""
+
 
 def make_app(store: VersionStore, relay: "Relay | None" = None) -> web.Application:
     """Serve ``store``; with a ``relay``, missing forms and blobs are fetched from its upstream
     first and the index is the upstream's (the cache's own when the upstream is down)."""
-    stats = {"bytes_sent": 0, "requests": 0}
+    stats = {"bytes_sent": 0, "version_bytes_sent": 0, "requests": 0}
 
     async def current_index() -> dict:
         return store.index() if relay is None else await relay.index()
@@ -79,6 +83,8 @@ def make_app(store: VersionStore, relay: "Relay | None" = None) -> web.Applicati
         if request.path != "/stats":
             stats["requests"] += 1
             stats["bytes_sent"] += response.content_length or 0
+            if request.path.startswith("/v/"):
+                stats["version_bytes_sent"] += response.content_length or 0
 
     app = web.Application()
     app.on_response_prepare.append(count)
@@ -86,7 +92,7 @@ def make_app(store: VersionStore, relay: "Relay | None" = None) -> web.Applicati
                     web.get(r"/v/{version:\d+}/{kind}/manifest", manifest),
                     web.get(r"/v/{version:\d+}/{kind}/data", data),
                     web.get("/blob/{sha}", blob), web.get("/stats", stats_route)])
-    app["stats"] = stats
+    app[STATS] = stats
     if relay is not None:
         app.on_cleanup.append(lambda _app: relay.close())
     return app
