@@ -9,7 +9,7 @@ Dataflow:
          ──> RolloutResult back to the driver ──> step s complete when all its assignments are
          ──> staleness gate (trainer version − oldest token version ≤ max_staleness; older
              trajectories are dropped and counted) ──> Trainer.step(Batch) ──> version s+1
-         ──> FilesystemWeightStore.publish(s+1) ──> workers pick it up
+         ──> weight store publish(s+1) (default: delta over loopback HTTP, tidal.sync) ──> workers pull it
 
 Back-pressure rules:
 - Step s is planned (its assignments queued) only once the trainer has reached version
@@ -40,7 +40,7 @@ import torch
 from tidal.config import TidalConfig
 from tidal.orchestrator.evaluate import heldout_pass1
 from tidal.orchestrator.pool import LocalPool, OrchestratorError, RayPool
-from tidal.orchestrator.weights import FilesystemWeightStore
+from tidal.orchestrator.weights import open_weight_publisher
 from tidal.orchestrator.worker import Assignment, RolloutResult, RolloutWorker, Span
 from tidal.tasks import Task, get_family
 from tidal.telemetry.metrics import MetricsLog, read_metrics, write_json_atomic
@@ -145,7 +145,7 @@ class Run:
         self.eval_engine = Engine(serving, load_tokenizer(init_checkpoint), cfg.engine, version=0)
         self.sandbox = Sandbox(cfg.env.sandbox)
         self.heldout = get_family(cfg.env.name)(cfg.env, oc.heldout_tasks, oc.heldout_seed, heldout=True)
-        self.store = FilesystemWeightStore(run_dir / "weights")
+        self.store = open_weight_publisher(cfg, run_dir / "weights")
         self.state = RunState()
         self._last_step_wall = 0.0
         self.worker_cls = worker_cls
@@ -191,7 +191,7 @@ class Run:
 
     def make_pool(self):
         oc = self.cfg.orchestrator
-        root = str(self.store.root)
+        root = self.store.address
         if oc.backend == "ray":
             if self.worker_cls is not RolloutWorker:
                 raise OrchestratorError("a custom worker class needs orchestrator.backend = 'local'")
@@ -212,6 +212,7 @@ class Run:
             self._drive(pool)
         finally:
             pool.close()
+            self.store.close()
         after = self.evaluate("after")
         final = self.save(final=True)
         self.log.close()

@@ -56,7 +56,7 @@ class RolloutWorker:
     def __init__(self, cfg, init_checkpoint: str, weights_root: str, worker_id: int):
         from tidal.engine.engine import Engine
         from tidal.model import from_pretrained, load_tokenizer
-        from tidal.orchestrator.weights import FilesystemWeightStore
+        from tidal.orchestrator.weights import open_weight_source
         from tidal.sandbox import Sandbox
 
         if cfg.orchestrator.worker_threads:
@@ -67,7 +67,7 @@ class RolloutWorker:
         model = from_pretrained(init_checkpoint, dtype=self.dtype)
         self.engine = Engine(model, load_tokenizer(init_checkpoint), cfg.engine, version=0)
         self.sandbox = Sandbox(cfg.env.sandbox)
-        self.store = FilesystemWeightStore(weights_root)
+        self.store = open_weight_source(cfg, weights_root)
         self.in_flight_updates = cfg.orchestrator.in_flight_updates
 
     def rollout(self, assignment: Assignment) -> RolloutResult:
