@@ -7,4 +7,5 @@ Modules are imported only when their benchmark runs (most import torch).
 
 BENCHMARKS = {
     "engine": ("tidal.bench.engine_bench", "decode tokens/s of tidal's engine vs transformers generate"),
+    "sync": ("tidal.bench.sync_bench", "weight sync: delta codec vs XOR+zstd and the entropy bound; WAN vs rsync"),
 }

@@ -108,7 +108,9 @@ async def fetch_chunks(http: aiohttp.ClientSession, base_url: str, manifest: Wei
             return
         if attempt:
             await asyncio.sleep(min(0.05 * 2 ** attempt, 1.0))
-        await asyncio.gather(*(one(g) for g in range_groups(missing, cfg.request_bytes)))
+        # Spread the bytes over every connection (each has its own TCP slow start on a long link).
+        spread = -(-sum(c.length for _, c in missing) // cfg.connections)
+        await asyncio.gather(*(one(g) for g in range_groups(missing, min(cfg.request_bytes, max(spread, 1)))))
     missing = sum(chunk_key(c) not in have for c in manifest.chunks)
     if not missing:
         return
