@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from tidal.sync.bits import best_rice_parameter, rice_decode, rice_encode
 from tidal.sync.bound import tensor_bound_bits
-from tidal.sync.codec import RAW, SPARSE, XOR_ZSTD, decode_chunk, encode_chunk
+from tidal.sync.codec import DENSE, RAW, SPARSE, XOR_ZSTD, decode_chunk, encode_chunk
 from tidal.sync.manifest import ChunkEntry, TensorEntry, WeightManifest
 from tidal.sync.plan import cheapest_path
 from tidal.sync.tensors import bits_of
@@ -83,10 +83,21 @@ def test_sparse_update_is_near_the_entropy_bound_and_beats_xor_zstd():
     assert len(payload) * 1.5 <= len(xor_zstd)
 
 
-def test_dense_changes_fall_back_to_xor_zstd_and_unchanged_is_tiny():
+def test_dense_small_changes_are_table_coded_near_the_bound():
+    """A large step on a small model: most elements change, by a few units in the last place."""
     rng = np.random.default_rng(1)
-    old = rng.integers(0, 2**16, size=10_000, dtype=np.uint16)
-    new = old ^ rng.integers(0, 4, size=old.size, dtype=np.uint16)
+    old = rng.integers(0, 2**16, size=50_000, dtype=np.uint16)
+    new = old + rng.choice(np.array([0, 1, 65535, 2], dtype=np.uint16), size=old.size, p=[0.4, 0.3, 0.25, 0.05])
+    payload, got = roundtrip(new, old)
+    assert np.array_equal(got, new) and payload[0] == DENSE
+    bound_bits, _ = tensor_bound_bits(old, new)
+    assert len(payload) <= 1.05 * bound_bits / 8
+
+
+def test_varied_dense_changes_fall_back_to_xor_zstd_or_raw_and_unchanged_is_tiny():
+    rng = np.random.default_rng(1)
+    old = rng.integers(0, 2**32, size=10_000, dtype=np.uint32)
+    new = old ^ rng.integers(0, 2**12, size=old.size, dtype=np.uint32)
     payload, got = roundtrip(new, old)
     assert np.array_equal(got, new) and payload[0] in (XOR_ZSTD, RAW)
     assert len(encode_chunk(old, old)) < 40

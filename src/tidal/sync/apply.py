@@ -19,7 +19,8 @@ def layout(tensors: list[TensorBits]) -> list[tuple]:
 
 
 def start_tensors(manifest: WeightManifest, base: list[TensorBits] | None) -> list[TensorBits]:
-    """Working copies to decode into: the base's bits for a delta, fresh arrays for an anchor."""
+    """Fresh arrays to decode into (a delta's chunks copy their base slice in first, in the
+    decode threads: the base stays untouched, so a failed pull leaves the last good version)."""
     if manifest.kind == "delta":
         if base is None:
             raise SyncError(f"version {manifest.version} is a delta on version "
@@ -27,8 +28,6 @@ def start_tensors(manifest: WeightManifest, base: list[TensorBits] | None) -> li
         if layout(base) != [(t.name, t.dtype, t.shape) for t in manifest.tensors]:
             raise SyncError(f"version {manifest.version}'s tensors differ from its base "
                             f"{manifest.base_version}'s: fetch an anchor instead")
-        return [TensorBits(t.name, t.dtype, t.shape, b.bits.copy(), t.file)
-                for t, b in zip(manifest.tensors, base)]
     out = []
     for t in manifest.tensors:
         uint = UINT_BY_WIDTH[torch_dtype(t.dtype).itemsize]
@@ -45,7 +44,10 @@ def apply_form(manifest: WeightManifest, payload_of: Callable[[int], bytes],
 
     def decode(i: int) -> None:
         c = manifest.chunks[i]
-        decode_chunk(payload_of(i), tensors[c.tensor].bits[c.start:c.start + c.count])
+        target = tensors[c.tensor].bits[c.start:c.start + c.count]
+        if base is not None and manifest.kind == "delta":
+            target[:] = base[c.tensor].bits[c.start:c.start + c.count]
+        decode_chunk(payload_of(i), target)
 
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(decode, range(len(manifest.chunks))))
