@@ -49,7 +49,7 @@ def make_app(store: VersionStore, relay: "Relay | None" = None) -> web.Applicati
         return version, kind
 
     async def latest(request):
-        return web.json_response((await current_index())["latest"])
+        return web.json_response(store.latest() if relay is None else (await relay.index())["latest"])
 
     async def index_route(request):
         return web.json_response(await current_index())

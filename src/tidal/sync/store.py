@@ -42,6 +42,7 @@ class VersionStore:
     def __init__(self, root: str | Path):
         self.root = Path(root)
         (self.root / "blobs").mkdir(parents=True, exist_ok=True)
+        self._forms: dict[tuple[str, str], dict] = {}
 
     def form_dir(self, version: int, kind: str) -> Path:
         return self.root / f"v{version:08d}" / kind
@@ -109,14 +110,18 @@ class VersionStore:
             raise SyncError(f"version {version} ({kind}) is not in {self.root}") from None
 
     def forms(self) -> list[dict]:
-        """Every complete form: version, kind, base_version, data_bytes (the puller's plan input)."""
+        """Every complete form: version, kind, base_version, data_bytes (the puller's plan input).
+        A written form never changes, so each manifest is read once."""
         out = []
         for vdir in sorted(self.root.glob("v[0-9]*")):
             for kind in KINDS:
-                if (vdir / kind / "manifest.json").is_file():
+                key = (vdir.name, kind)
+                if key not in self._forms and (vdir / kind / "manifest.json").is_file():
                     m = self.manifest(int(vdir.name[1:]), kind)
-                    out.append({"version": m.version, "kind": kind, "base_version": m.base_version,
-                                "data_bytes": m.data_bytes})
+                    self._forms[key] = {"version": m.version, "kind": kind,
+                                        "base_version": m.base_version, "data_bytes": m.data_bytes}
+                if key in self._forms and (vdir / kind).is_dir():
+                    out.append(self._forms[key])
         return out
 
     def index(self) -> dict:
