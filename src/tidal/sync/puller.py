@@ -26,6 +26,9 @@ from tidal.sync.plan import cheapest_path
 from tidal.sync.tensors import TensorBits
 
 MAX_REPLANS = 4
+NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+"""Upstreams are asked directly, as aiohttp does by default (an http_proxy variable would
+otherwise send even loopback polls through a proxy)."""
 
 
 class Puller:
@@ -54,7 +57,7 @@ class Puller:
         errors = []
         for up in self.upstreams:
             try:
-                with urllib.request.urlopen(f"{up}/latest", timeout=self.cfg.timeout_s) as r:
+                with NO_PROXY.open(f"{up}/latest", timeout=self.cfg.timeout_s) as r:
                     return json.loads(r.read())
             except (OSError, ValueError) as e:
                 errors.append(f"{up}: {e}")
