@@ -4,9 +4,13 @@
 # theirs: the venv then sees the system's packages), then tidal itself with its test extras.
 # With --test, as root with apt-get (Debian/Ubuntu, CI), it also installs chromium and
 # chromium-driver, which tests/test_report.py drives to check the HTML report in a real browser.
+# With --bench, as root with apt-get, it installs rsync (the peer of `tidal bench sync`) and
+# iproute2 (network namespaces and tc for its emulated wide-area link).
 set -euo pipefail
 WITH_TEST_TOOLS=0
+WITH_BENCH_TOOLS=0
 [ "${1:-}" = "--test" ] && WITH_TEST_TOOLS=1
+[ "${1:-}" = "--bench" ] && WITH_BENCH_TOOLS=1
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
@@ -32,5 +36,16 @@ if [ "$WITH_TEST_TOOLS" = 1 ] && { ! command -v chromium >/dev/null || ! command
   else
     echo "setup: chromium/chromedriver missing; tests/test_report.py needs them" \
          "(apt-get install chromium chromium-driver)" >&2
+  fi
+fi
+if [ "$WITH_BENCH_TOOLS" = 1 ] && { ! command -v rsync >/dev/null || ! command -v tc >/dev/null; }; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing rsync and iproute2 (for tidal bench sync)" >&2
+    apt_bench() {
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends rsync iproute2 >/dev/null
+    }
+    apt_bench || { apt-get update -q >/dev/null && apt_bench; }
+  else
+    echo "setup: rsync/tc missing; tidal bench sync needs them (apt-get install rsync iproute2)" >&2
   fi
 fi

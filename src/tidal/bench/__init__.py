@@ -14,4 +14,5 @@ BENCHMARKS = {
     "numerics": ("tidal.bench.numerics_bench",
                  "engine-vs-trainer logprob mismatch and tokens/s: deterministic vs fast numerics"),
     "horizon": ("tidal.bench.horizon_bench", "long-horizon success: RL with self-summarization vs a sliding window"),
+    "sync": ("tidal.bench.sync_bench", "weight sync: delta codec vs XOR+zstd and the entropy bound; WAN vs rsync"),
 }

@@ -17,6 +17,7 @@ from tidal.harness.config import HarnessConfig
 from tidal.model.config import ModelConfig
 from tidal.orchestrator.config import OrchestratorConfig
 from tidal.pretrain.config import PretrainConfig
+from tidal.sync.config import SyncConfig
 from tidal.tasks.config import EnvConfig
 from tidal.trainer.config import TrainerConfig
 
@@ -29,6 +30,7 @@ class TidalConfig(Section):
     trainer: TrainerConfig = TrainerConfig()
     pretrain: PretrainConfig = PretrainConfig()
     orchestrator: OrchestratorConfig = OrchestratorConfig()
+    sync: SyncConfig = SyncConfig()
 
     @model_validator(mode="after")
     def _check_cross_section(self) -> "TidalConfig":

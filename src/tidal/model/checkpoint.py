@@ -341,7 +341,13 @@ def from_pretrained(path: str | Path, dtype: str | torch.dtype | None = None) ->
             for name in expected:
                 if where[name][0] == path_:
                     tensors[name] = f.get_tensor(name).to(torch_dtype)
-    tensors = _merge_experts(tensors, cfg)
+    return model_from_hf_tensors(cfg, tensors)
+
+
+def model_from_hf_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> CausalLM:
+    """A model around HF-named tensors already in cfg.dtype (no copy): a checkpoint folder's, or
+    weights a puller received over the network."""
+    tensors = _merge_experts(dict(tensors), cfg)
     if cfg.tie_word_embeddings:
         tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
     with torch.device("meta"):

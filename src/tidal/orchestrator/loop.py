@@ -10,7 +10,7 @@ Dataflow:
          ──> RolloutResult back to the driver ──> step s complete when all its assignments are
          ──> staleness gate (trainer version − oldest token version ≤ max_staleness; older
              trajectories are dropped and counted) ──> Trainer.step(Batch) ──> version s+1
-         ──> FilesystemWeightStore.publish(s+1) ──> workers pick it up
+         ──> weight store publish(s+1) (default: delta over loopback HTTP, tidal.sync) ──> workers pull it
 
 Back-pressure rules:
 - Step s is planned (its assignments queued) only once the trainer has reached version
@@ -39,11 +39,11 @@ from pathlib import Path
 import torch
 
 from tidal.config import TidalConfig
+from tidal.env import EnvironmentSpec
 from tidal.orchestrator.evaluate import heldout_pass1
 from tidal.orchestrator.pool import LocalPool, OrchestratorError, RayPool
-from tidal.orchestrator.weights import FilesystemWeightStore
+from tidal.orchestrator.weights import open_weight_publisher
 from tidal.orchestrator.worker import Assignment, RolloutResult, RolloutWorker, Span
-from tidal.env import EnvironmentSpec
 from tidal.telemetry.metrics import MetricsLog, read_metrics, write_json_atomic
 from tidal.types import Batch, Trajectory
 
@@ -154,7 +154,7 @@ class Run:
         self.eval_engine = Engine(serving, load_tokenizer(init_checkpoint), cfg.engine, version=0)
         self.env = from_config(cfg.env, Sandbox(cfg.env.sandbox))
         self.heldout = self.env.sample_tasks(oc.heldout_tasks, oc.heldout_seed, True)
-        self.store = FilesystemWeightStore(run_dir / "weights")
+        self.store = open_weight_publisher(cfg, run_dir / "weights")
         self.state = RunState()
         self._last_step_wall = 0.0
         self.worker_cls = worker_cls
@@ -164,14 +164,22 @@ class Run:
     # ------------------------------------------------------------------ checkpoints
 
     def save(self, final: bool = False):
-        from tidal.trainer.checkpoint import capture_rng_state, checkpoint_path, save_checkpoint
+        from tidal.trainer.checkpoint import (
+            capture_rng_state,
+            checkpoint_path,
+            save_checkpoint,
+        )
 
         extra = {"state": asdict(self.state), "rng": capture_rng_state(), "final": final}
         return save_checkpoint(self.trainer, checkpoint_path(self.run_dir, self.state.step), extra)
 
     def restore(self) -> bool:
         """Continue from the run dir's latest complete checkpoint; False if there is none."""
-        from tidal.trainer.checkpoint import latest_checkpoint, load_checkpoint, restore_rng_state
+        from tidal.trainer.checkpoint import (
+            latest_checkpoint,
+            load_checkpoint,
+            restore_rng_state,
+        )
 
         path = latest_checkpoint(self.run_dir)
         if path is None:
@@ -200,7 +208,7 @@ class Run:
 
     def make_pool(self):
         oc = self.cfg.orchestrator
-        root = str(self.store.root)
+        root = self.store.address
         if oc.backend == "ray":
             if self.worker_cls is not RolloutWorker:
                 raise OrchestratorError("a custom worker class needs orchestrator.backend = 'local'")
@@ -221,6 +229,7 @@ class Run:
             self._drive(pool)
         finally:
             pool.close()
+            self.store.close()
         after = self.evaluate("after")
         final = self.save(final=True)
         self.log.close()

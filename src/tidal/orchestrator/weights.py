@@ -8,8 +8,9 @@ Layout under ``root``::
 A reader only ever sees complete versions: ``save_pretrained`` writes into a hidden staging folder
 and renames it into place with its completion marker, and LATEST moves after that. Old versions
 are removed once ``keep`` newer ones exist; a worker that is still loading one of them retries
-with the newest. The HTTP/delta transport of the weight-sync issue replaces this class behind the
-same two methods (``publish`` and ``latest_version`` / ``load``).
+with the newest. The HTTP/delta transport (tidal.sync.weight_store: deltas through an origin on
+loopback, one puller per worker) has the same methods and is the default; ``sync.transport``
+chooses (``open_weight_publisher`` on the driver, ``open_weight_source`` in each worker).
 """
 
 from __future__ import annotations
@@ -24,6 +25,14 @@ class FilesystemWeightStore:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.keep = keep
+
+    @property
+    def address(self) -> str:
+        """What a worker passes to ``open_weight_source``: this store's folder."""
+        return str(self.root)
+
+    def close(self) -> None:
+        pass
 
     def folder(self, version: int) -> Path:
         return self.root / f"v{version:08d}"
@@ -54,3 +63,22 @@ class FilesystemWeightStore:
         for child in self.root.glob("v*"):
             if child.is_dir() and child.name[1:].isdigit() and int(child.name[1:]) <= newest - self.keep:
                 shutil.rmtree(child, ignore_errors=True)
+
+
+def open_weight_publisher(cfg, root: Path):
+    """The driver's end of the configured transport (``cfg.sync.transport``), publishing in the
+    engines' dtype (``cfg.model.dtype``); its ``address`` is what workers open."""
+    if cfg.sync.transport == "filesystem":
+        return FilesystemWeightStore(root)
+    from tidal.sync.weight_store import HttpWeightPublisher
+
+    return HttpWeightPublisher(root, cfg.sync, cfg.model.dtype)
+
+
+def open_weight_source(cfg, address: str):
+    """A worker's end of the configured transport, given the publisher's ``address``."""
+    if cfg.sync.transport == "filesystem":
+        return FilesystemWeightStore(address)
+    from tidal.sync.weight_store import HttpWeightSource
+
+    return HttpWeightSource(address, cfg.sync)

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
-
-from typing import Any
 
 from tidal.harness import run_episodes
 from tidal.types import Trajectory
@@ -59,7 +58,7 @@ class RolloutWorker:
         from tidal.engine.engine import Engine
         from tidal.env import from_config
         from tidal.model import from_pretrained, load_tokenizer
-        from tidal.orchestrator.weights import FilesystemWeightStore
+        from tidal.orchestrator.weights import open_weight_source
         from tidal.sandbox import Sandbox
 
         if cfg.orchestrator.worker_threads:
@@ -70,7 +69,7 @@ class RolloutWorker:
         model = from_pretrained(init_checkpoint, dtype=self.dtype)
         self.engine = Engine(model, load_tokenizer(init_checkpoint), cfg.engine, version=0)
         self.env = from_config(cfg.env, Sandbox(cfg.env.sandbox))
-        self.store = FilesystemWeightStore(weights_root)
+        self.store = open_weight_source(cfg, weights_root)
         self.in_flight_updates = cfg.orchestrator.in_flight_updates
 
     def rollout(self, assignment: Assignment) -> RolloutResult:

@@ -1,0 +1,124 @@
+"""Codec measurements of `tidal bench sync` on consecutive serving snapshots (workload a: a
+~107M-parameter Qwen3-style model, fp32 masters, AdamW at lr 1e-6 on its own next-token loss;
+workload b: the trainer's real steps from a short RL run).
+
+Per step: changed fraction, tidal's bytes, the full bf16 snapshot, XOR-then-zstd-level-1 of the
+same chunks (the peer), the order-0 entropy bound, and encode / decode speed as model bytes per
+CPU second (process CPU time over all threads, so it is per core however many threads ran)."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+import zstandard
+
+from tidal.sync.bound import tensor_bound_bits
+from tidal.sync.codec import decode_chunk, encode_chunk
+from tidal.sync.publisher import chunk_ranges
+from tidal.sync.tensors import TensorBits, bits_of, cast_floats
+
+STANDARD_MODEL = dict(vocab_size=32000, hidden_size=768, intermediate_size=2304, num_hidden_layers=12,
+                      num_attention_heads=12, num_key_value_heads=4, head_dim=64,
+                      max_position_embeddings=256, tie_word_embeddings=True)
+"""Workload a's model: 107M parameters (embeddings tied)."""
+
+
+def serving_snapshot(model, dtype: str = "bfloat16") -> list[TensorBits]:
+    from tidal.model.checkpoint import to_hf_state_dict
+
+    return [bits_of(k, v) for k, v in cast_floats(to_hf_state_dict(model), dtype).items()]
+
+
+def adamw_snapshots(steps: int, seq_len: int, batch: int, seed: int = 0):
+    """Yield the bf16 serving snapshot before training and after each AdamW step (lr 1e-6) on the
+    model's own next-token loss over random token sequences."""
+    from tidal.model import ModelConfig, build_model
+
+    torch.manual_seed(seed)
+    model = build_model(ModelConfig(**STANDARD_MODEL), seed=seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    yield serving_snapshot(model)
+    for _ in range(steps):
+        tokens = torch.randint(0, STANDARD_MODEL["vocab_size"], (batch, seq_len + 1))
+        logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        yield serving_snapshot(model)
+
+
+def measure_step(old: list[TensorBits], new: list[TensorBits], chunk_elements: int, threads: int) -> dict:
+    """One update's codec figures (tidal vs XOR+zstd-1 vs the order-0 bound vs full)."""
+    ranges = chunk_ranges(new, chunk_elements)
+    full = sum(t.bits.nbytes for t in new)
+
+    def encode(r):
+        i, s, n = r
+        return encode_chunk(new[i].bits[s:s + n], old[i].bits[s:s + n])
+
+    def xor_zstd(r):
+        i, s, n = r
+        return len(zstandard.ZstdCompressor(level=1).compress(
+            np.bitwise_xor(new[i].bits[s:s + n], old[i].bits[s:s + n]).tobytes()))
+
+    with ThreadPoolExecutor(threads) as pool:
+        t0 = time.process_time()
+        payloads = list(pool.map(encode, ranges))
+        encode_cpu = time.process_time() - t0
+        targets = [t.bits.copy() for t in old]
+        t0 = time.process_time()
+        list(pool.map(lambda job: decode_chunk(job[1], targets[job[0][0]][job[0][1]:job[0][1] + job[0][2]]),
+                      zip(ranges, payloads)))
+        decode_cpu = time.process_time() - t0
+        t0 = time.process_time()
+        peer = sum(pool.map(xor_zstd, ranges))
+        peer_cpu = time.process_time() - t0
+        t0 = time.process_time()
+        list(pool.map(lambda t: t.sha256(), new))
+        hash_cpu = time.process_time() - t0
+    if not all(np.array_equal(a, b.bits) for a, b in zip(targets, new)):
+        raise AssertionError("decoded weights differ from the published ones")
+    bound_bits, changed = 0.0, 0
+    for a, b in zip(old, new):
+        bits, c = tensor_bound_bits(a.bits, b.bits)
+        bound_bits += bits
+        changed += c
+    ours = sum(len(p) for p in payloads)
+    mb = full / 1e6
+    return {
+        "changed_fraction": changed / sum(t.bits.size for t in new),
+        "bytes": ours, "full_bytes": full, "xor_zstd_bytes": peer, "bound_bytes": bound_bits / 8,
+        "ratio_vs_full": full / ours, "ratio_vs_xor_zstd": peer / ours,
+        "ratio_vs_entropy_bound": ours / max(bound_bits / 8, 1e-9),
+        "encode_mb_s_per_core": mb / encode_cpu, "decode_mb_s_per_core": mb / decode_cpu,
+        "xor_zstd_encode_mb_s_per_core": mb / peer_cpu, "sha256_mb_s_per_core": mb / hash_cpu,
+    }
+
+
+def rl_snapshots(run_dir, steps: int):
+    """Serving snapshots (bf16) of a short `tidal train` RL run of the default recipe: its weights
+    store holds every version the trainer published; rebuilt here from the store's own files."""
+    from tidal.config import load_config
+    from tidal.orchestrator.loop import run_rl
+    from tidal.pretrain.cache import cached_pretrained
+    from tidal.sync.publisher import rebuild
+    from tidal.sync.store import VersionStore
+
+    base = load_config(None, [])
+    init = cached_pretrained(base, progress=False)  # the default recipe's mid-trained model
+    cfg = load_config(None, ["--model.dtype", "bfloat16", "--orchestrator.steps", str(steps),
+                             "--orchestrator.backend", "local", "--orchestrator.heldout_tasks", "8",
+                             "--orchestrator.eval_samples_per_task", "1", "--orchestrator.eval_every", "0",
+                             "--orchestrator.checkpoint_every", "0", "--sync.transport", "http",
+                             "--sync.keep_versions", str(steps + 2)])
+    run_rl(cfg, run_dir, init, progress=False)
+    store = VersionStore(run_dir / "weights")
+    return [rebuild(store, v) for v in range(store.latest() + 1)]
+
+
+def median_of(rows: list[dict], key: str) -> float:
+    return float(np.median([r[key] for r in rows]))

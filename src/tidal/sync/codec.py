@@ -1,0 +1,133 @@
+"""The chunk codec: lossless, bit-exact, for any dtype (it sees only unsigned-int bit patterns).
+
+A chunk is a run of one tensor's elements. Its payload starts with one kind byte:
+
+- RAW      the new bit patterns as they are (anchors; the fallback when nothing else is smaller).
+- SPARSE   an RL update changes few elements, mostly by a few units in the last place. Which
+           elements changed: gaps between them, Rice-coded (bits.py; ~n·H(p) bits). By how much:
+           new − old as wrapping integers of the element's width, rANS-coded with the chunk's
+           own table of distinct differences and their counts (ans.py; ~the empirical entropy).
+- DENSE    when many elements changed (a large learning rate, a small model): every element's
+           new − old difference, zeros included, rANS-coded with the chunk's table. The zero
+           symbol carries the "which changed" information, so this too costs ~n·H(p) + c·H(diff).
+- XOR_ZSTD the peer's method (XOR with the base, zstd level 1): kept when it is smaller (e.g.
+           fp32 masters whose differences are too varied for a table to pay off).
+
+The encoder keeps the smallest; the decoder applies the payload in place to the base's bits.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import zstandard
+
+from tidal.sync.ans import ans_decode, ans_encode
+from tidal.sync.bits import best_rice_parameter, rice_decode, rice_encode
+
+RAW, SPARSE, XOR_ZSTD, DENSE = 0, 1, 2, 3
+SPARSE_HEADER = struct.Struct("<BIIIII")
+"""k, changed elements, unary bytes, remainder bytes, table size, ANS words."""
+DENSE_HEADER = struct.Struct("<II")
+"""table size, ANS words."""
+DENSE_FRACTION = 0.25
+"""Above this changed fraction the sparse coding is not tried (the zstd path is smaller)."""
+ZSTD_LEVEL = 1
+
+
+def encode_chunk(new: np.ndarray, old: np.ndarray | None = None) -> bytes:
+    """Payload that turns ``old`` into ``new`` (both flat unsigned arrays of one width), or the
+    raw ``new`` when ``old`` is None."""
+    raw = bytes([RAW]) + new.tobytes()
+    if old is None:
+        return raw
+    changed = np.flatnonzero(new != old)
+    candidates = [raw]
+    table_size = None
+    if changed.size <= DENSE_FRACTION * new.size:
+        payload, table_size = _encode_sparse(new, old, changed)
+        candidates.append(payload)
+    if table_size is None or table_size * 4 > changed.size:
+        candidates.append(bytes([XOR_ZSTD]) + zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(
+            np.bitwise_xor(new, old).tobytes()))
+        if table_size is None:
+            candidates.append(_encode_dense(new - old))
+    return min(candidates, key=len)
+
+
+def _encode_table(values: np.ndarray, counts: np.ndarray) -> bytes:
+    return values.astype(values.dtype.newbyteorder("<")).tobytes() + counts.astype("<u4").tobytes()
+
+
+def _encode_dense(diffs: np.ndarray) -> bytes:
+    values, symbols, counts = np.unique(diffs, return_inverse=True, return_counts=True)
+    words = ans_encode(symbols, counts) if values.size > 1 else np.zeros(0, np.uint32)
+    return b"".join([bytes([DENSE]), DENSE_HEADER.pack(values.size, words.size),
+                     _encode_table(values, counts), words.astype("<u4").tobytes()])
+
+
+def _encode_sparse(new: np.ndarray, old: np.ndarray, changed: np.ndarray) -> tuple[bytes, int]:
+    diffs = new[changed] - old[changed]  # wraps modulo 2**width: exact for every bit pattern
+    values, symbols, counts = np.unique(diffs, return_inverse=True, return_counts=True)
+    gaps = np.diff(changed, prepend=-1).astype(np.uint64) - np.uint64(1)
+    k = best_rice_parameter(gaps)
+    unary, remainders = rice_encode(gaps, k)
+    words = ans_encode(symbols, counts) if values.size > 1 else np.zeros(0, np.uint32)
+    header = SPARSE_HEADER.pack(k, changed.size, len(unary), len(remainders), values.size, words.size)
+    parts = [bytes([SPARSE]), header, _encode_table(values, counts), unary, remainders,
+             words.astype("<u4").tobytes()]
+    return b"".join(parts), int(values.size)
+
+
+def decode_chunk(payload: bytes | memoryview, target: np.ndarray) -> None:
+    """Apply ``payload`` to ``target`` (the base's bits for a delta; any bits for RAW) in place."""
+    kind = payload[0]
+    body = memoryview(payload)[1:]
+    if kind == RAW:
+        target[:] = np.frombuffer(body, dtype=target.dtype.newbyteorder("<"), count=target.size)
+    elif kind == XOR_ZSTD:
+        xor = zstandard.ZstdDecompressor().decompress(body, max_output_size=target.nbytes)
+        np.bitwise_xor(target, np.frombuffer(xor, dtype=target.dtype.newbyteorder("<")), out=target)
+    elif kind == SPARSE:
+        _decode_sparse(body, target)
+    elif kind == DENSE:
+        _decode_dense(body, target)
+    else:
+        raise ValueError(f"unknown chunk kind {kind}")
+
+
+def _decode_sparse(body: memoryview, target: np.ndarray) -> None:
+    k, n, unary_len, rem_len, nsym, nwords = SPARSE_HEADER.unpack_from(body)
+    if n == 0:
+        return
+    values, counts, pos = _decode_table(body, SPARSE_HEADER.size, nsym, target.dtype)
+    unary = body[pos:pos + unary_len]
+    remainders = body[pos + unary_len:pos + unary_len + rem_len]
+    pos += unary_len + rem_len
+    changed = np.cumsum(rice_decode(unary, remainders, k, n) + np.uint64(1)) - np.uint64(1)
+    if int(changed[-1]) >= target.size:
+        raise ValueError("sparse chunk names an element past the chunk's end")
+    target[changed] += _decode_symbols(body, pos, values, counts, nwords, n)
+
+
+def _decode_dense(body: memoryview, target: np.ndarray) -> None:
+    nsym, nwords = DENSE_HEADER.unpack_from(body)
+    values, counts, pos = _decode_table(body, DENSE_HEADER.size, nsym, target.dtype)
+    target += _decode_symbols(body, pos, values, counts, nwords, target.size)
+
+
+def _decode_table(body: memoryview, pos: int, nsym: int, dtype) -> tuple[np.ndarray, np.ndarray, int]:
+    values = np.frombuffer(body, dtype=dtype.newbyteorder("<"), count=nsym, offset=pos)
+    pos += nsym * dtype.itemsize
+    counts = np.frombuffer(body, dtype="<u4", count=nsym, offset=pos)
+    return values, counts, pos + nsym * 4
+
+
+def _decode_symbols(body: memoryview, pos: int, values: np.ndarray, counts: np.ndarray, nwords: int,
+                    n: int) -> np.ndarray:
+    """n values drawn from the table by the ANS stream at ``pos`` (a one-value table needs none)."""
+    if values.size == 1:
+        return np.full(n, values[0], dtype=values.dtype)
+    words = np.frombuffer(body, dtype="<u4", count=nwords, offset=pos).astype(np.uint32)
+    return values[ans_decode(words, counts, n)]

@@ -1,0 +1,42 @@
+"""Weight sync: how versions are encoded, served, relayed and pulled (the ``[sync]`` section)."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from tidal.section import Section
+
+
+class SyncConfig(Section):
+    transport: Literal["http", "filesystem"] = "http"
+    """How `tidal train` moves weights to its rollout workers: "http" = the delta publisher, an
+    origin server on loopback and one puller per worker (this subsystem); "filesystem" = whole
+    Hugging Face folders in the run directory (simple to inspect and debug)."""
+    serving_dtype: str = "bfloat16"
+    """dtype `tidal sync publish` casts floating-point tensors to before publishing (any torch
+    dtype name: bfloat16, float16, float32, ...). `tidal train` publishes in model.dtype, the dtype
+    its engines run."""
+    anchor_every: int = Field(10, ge=1)
+    """Publish a full snapshot (an anchor) every this many versions; the others are deltas
+    against the previous version. 1 = anchors only."""
+    chunk_elements: int = Field(1 << 22, ge=1024, le=1 << 30)
+    """Largest chunk, in tensor elements: the unit of parallel encode/decode, of the per-chunk
+    checksum and of resuming a transfer."""
+    keep_versions: int = Field(32, ge=2)
+    """Versions an origin keeps on disk (older ones are deleted; the newest anchor is always kept)."""
+    relay_cache_versions: int = Field(8, ge=1)
+    """Versions a relay keeps in its cache (K)."""
+    connections: int = Field(4, ge=1, le=64)
+    """Parallel HTTP connections a puller (or relay) uses for one version's data."""
+    request_bytes: int = Field(4 << 20, ge=4096)
+    """Target bytes per HTTP range request; adjacent chunks are fetched together up to this size."""
+    retries: int = Field(4, ge=0, le=100)
+    """Times a puller retries a failed request (per range, on each upstream) before it moves to
+    the next upstream or gives up."""
+    timeout_s: float = Field(30.0, gt=0)
+    """Seconds without progress before an HTTP request counts as failed."""
+    poll_interval_s: float = Field(0.05, ge=0)
+    """Seconds a rollout worker waits between two asks for the newest version (it asks between
+    decode steps; 0 = every time)."""
+    threads: int = Field(2, ge=1, le=256)
+    """Threads that encode or decode chunks in parallel."""
