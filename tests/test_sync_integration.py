@@ -25,7 +25,7 @@ def engine_hashes_match_manifest(engine, manifest) -> bool:
 
 
 def test_http_store_publishes_deltas_that_a_worker_loads_bit_exact(tmp_path):
-    cfg = cfg_with("--model.dtype", "bfloat16")
+    cfg = cfg_with("--model.dtype", "bfloat16", "--trainer.dtype", "bfloat16")
     master = build_model(cfg.model.model_copy(update={"dtype": "float32"}), seed=0)
     store = HttpWeightPublisher(tmp_path / "weights", cfg.sync, "bfloat16")
     try:

@@ -12,6 +12,7 @@ avoided and the path planned again, which falls back to an anchor when one exist
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import json
 import urllib.error
@@ -64,8 +65,18 @@ class Puller:
         raise SyncError("no upstream answered: " + "; ".join(errors) + " (check the --upstream URLs)")
 
     def pull(self, version: int | None = None) -> int:
-        """Hold ``version`` (default: the newest); returns it. Raises SyncError if impossible."""
-        return asyncio.run(self._pull(version))
+        """Hold ``version`` (default: the newest); returns it. Raises SyncError if impossible.
+
+        Blocking. Callable from code that runs inside an event loop (the harness's rollout calls
+        it between decode steps): the transfer then gets its own loop on a helper thread, since
+        a thread can run only one loop at a time.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self._pull(version))
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tidal-pull") as one:
+            return one.submit(asyncio.run, self._pull(version)).result()
 
     async def _pull(self, version: int | None) -> int:
         async with session(self.cfg) as http:
