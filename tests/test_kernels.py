@@ -98,6 +98,8 @@ def test_tiny_cpu_run_is_bitwise_equal_in_deterministic_mode(tmp_path):
     assert fast["replay"]["flip_rate"] == 0.0  # replay: the trainer uses the engine's experts
     assert fast["no_replay"]["bitwise_equal_fraction"] < 1.0  # the gap deterministic mode closes
     assert result["throughput_ratio"] > 0
+    assert len(det["rounds"]) == len(fast["rounds"]) == result["repeats"] == 2  # median of 2, each mode
+    assert result["fast_experts"] == "grouped_mm"  # torch._grouped_mm passed its first-call check
 
 
 def test_replay_keeps_the_engines_experts_when_the_trainers_router_differs():
@@ -189,3 +191,57 @@ def test_triton_kernels_compile_to_hopper_machine_code():
             assert compiled.asm["cubin"], (kernel, constants)
             if module_name == "matmul":
                 assert "wgmma" in compiled.asm["ptx"], constants
+
+
+def test_fast_attention_matches_the_oracle_in_prefill_and_decode():
+    """The benchmark's peer is correct: padded causal flash attention over whole sequences and
+    grouped-query decode against the cache both match fp32 softmax attention (GQA)."""
+    from tidal.kernels.checks import _masked_attention
+
+    torch.manual_seed(0)
+    hq, hkv, d, lens = 8, 2, 16, [5, 9, 1]
+    ops, width = FastOps(), max(lens) + 3
+    slot = torch.arange(len(lens)).repeat_interleave(torch.tensor(lens))
+    pos = torch.cat([torch.arange(n) for n in lens])
+    q, k, v = torch.randn(len(pos), hq, d), torch.randn(len(pos), hkv, d), torch.randn(len(pos), hkv, d)
+    cache_k, cache_v = torch.zeros(3, hkv, width, d), torch.zeros(3, hkv, width, d)
+    prefill = ops.attention(q, k, v, cache_k, cache_v, slot, pos, lens, max(lens), 0.25)
+    torch.testing.assert_close(prefill, _masked_attention(q, cache_k, cache_v, slot, pos, 0.25))
+    step_slot, step_pos = torch.tensor([2, 0]), torch.tensor([1, 5])  # next token of sequences 2, 0
+    q1, k1, v1 = torch.randn(2, hq, d), torch.randn(2, hkv, d), torch.randn(2, hkv, d)
+    decode = ops.attention(q1, k1, v1, cache_k, cache_v, step_slot, step_pos, None, 6, 0.25)
+    torch.testing.assert_close(decode, _masked_attention(q1, cache_k, cache_v, step_slot, step_pos, 0.25))
+
+
+def test_fast_experts_grouped_gemm_matches_the_padded_bmm_and_falls_back(monkeypatch, capsys):
+    torch.manual_seed(0)
+    m, hidden, inter, experts, k = 11, 32, 16, 6, 2
+    x = torch.randn(m, hidden, dtype=torch.bfloat16)
+    gate_up = 0.1 * torch.randn(experts, 2 * inter, hidden, dtype=torch.bfloat16)
+    down = 0.1 * torch.randn(experts, hidden, inter, dtype=torch.bfloat16)
+    ids = torch.stack([torch.randperm(experts)[:k] for _ in range(m)])  # some experts unused
+    ids[ids == 5] = 4
+    weights = torch.rand(m, k)
+    grouped = FastOps()
+    assert grouped.grouped_mm is True
+    got = grouped.experts(x, ids, weights, gate_up, down)
+    assert grouped.grouped_mm == "checked"
+    padded = FastOps()
+    padded.grouped_mm = False
+    want = padded.experts(x, ids, weights, gate_up, down)
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    ref = torch.zeros(m, hidden)
+    for row in range(m):
+        for j in range(k):
+            e = ids[row, j]
+            gate, up = (x[row].float() @ gate_up[e].float().T).chunk(2)
+            ref[row] += weights[row, j] * (torch.nn.functional.silu(gate) * up) @ down[e].float().T
+    torch.testing.assert_close(got.float(), ref, rtol=3e-2, atol=3e-2)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("not on this GPU")
+
+    monkeypatch.setattr(torch, "_grouped_mm", broken)
+    failing = FastOps()
+    assert torch.equal(failing.experts(x, ids, weights, gate_up, down), want)
+    assert failing.grouped_mm is False and "not on this GPU" in capsys.readouterr().err

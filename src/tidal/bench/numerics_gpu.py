@@ -4,13 +4,16 @@
     tidal bench numerics-gpu --device cpu --size tiny                        # the same path on a CPU
     python -m tidal.bench.numerics_gpu --smoke --size smoke                  # kernel checks first
 
-Per mode (ops.py: "fast" = cuBLAS/SDPA/flash, "deterministic" = batch-invariant kernels):
+Per mode (ops.py: "fast" = cuBLAS, flash/memory-efficient SDPA, grouped GEMM experts: a tuned
+plain-torch peer; "deterministic" = batch-invariant kernels):
 
 1. engine: waves of sequences (batch sizes from the workload, e.g. 64 .. 1). Each wave prefills
    its prompts in one forward, then decodes with a KV cache; sequences stop at their own lengths,
    so a decode step's batch shrinks as they finish (mixed batch sizes 1..64). Every sampled token
    records its logprob and, for every processed token, the top-k expert ids of each layer.
-   Timed (prefill + decode, synchronised at wave edges) -> engine tokens/s.
+   Timed (prefill + decode, synchronised at wave edges) -> engine tokens/s. Every mode is
+   warmed up first (untimed: kernel compilation, cuBLAS, the allocator); then ``--repeats``
+   rounds with the modes interleaved (fast, det, fast, det); each mode's median round counts.
 2. trainer: each wave's full sequences in one full-sequence forward (flash attention in fast
    mode), without and with router replay (the engine's expert ids; gates from the trainer's own
    router probabilities over them); its logprob of every generated token and its expert ids.
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import sys
 import time
 import traceback
@@ -163,24 +167,35 @@ def trainer_pass(model: MoEModel, ops, wave: Wave, replay: bool):
     return wave.logprobs[gslot, gpos], trainer_lp, engine_experts, ids
 
 
-def run_mode(model: MoEModel, ops, waves_spec, seed: int, sync, result: dict) -> None:
-    """Engine rollouts, then trainer passes without/with replay, for one op set -> result[ops.name]."""
-    mode = ops.name
-    out = result.setdefault(mode, {})
+def engine_round(model: MoEModel, ops, waves_spec, seed: int, sync) -> tuple[list[Wave], dict]:
+    """Every wave of the workload, timed (the sampler seeded afresh, so every round and mode
+    samples from the same noise) -> (rollouts, {prefill_s, decode_s})."""
     gen = torch.Generator(device=model.embed.device).manual_seed(seed)
-    _warm_up(model, ops, waves_spec, gen, sync)
     waves, prefill_s, decode_s = [], 0.0, 0.0
     for prompts, gen_lens in waves_spec:
         wave, p, d = generate_wave(model, ops, prompts, gen_lens, gen, sync)
         waves.append(wave)
         prefill_s, decode_s = prefill_s + p, decode_s + d
+    return waves, {"prefill_s": prefill_s, "decode_s": decode_s}
+
+
+def record_engine(out: dict, waves: list[Wave], rounds: list[dict], mode: str) -> None:
+    """Tokens/s from the median round (of engine time; its decode time is its own median)."""
     generated = sum(t - p for w in waves for t, p in zip(w.total_lens, w.prompt_lens))
     decoded = generated - sum(len(w.total_lens) for w in waves)  # the first token comes from prefill
-    out.update(generated_tokens=generated, prefill_s=prefill_s, decode_s=decode_s,
-               engine_tokens_per_s=generated / (prefill_s + decode_s),
+    engine_s = statistics.median(r["prefill_s"] + r["decode_s"] for r in rounds)
+    decode_s = statistics.median(r["decode_s"] for r in rounds)
+    out.update(generated_tokens=generated, rounds=rounds, prefill_s=engine_s - decode_s,
+               decode_s=decode_s, engine_tokens_per_s=generated / engine_s,
                decode_tokens_per_s=decoded / decode_s if decode_s else 0.0)
-    print(f"[{mode}] engine: {generated} tokens in {prefill_s + decode_s:.2f} s "
-          f"({out['engine_tokens_per_s']:.0f} tok/s; decode {out['decode_tokens_per_s']:.0f} tok/s)")
+    each = ", ".join(f"{generated / (r['prefill_s'] + r['decode_s']):.0f}" for r in rounds)
+    print(f"[{mode}] engine: {generated} tokens, median {engine_s:.2f} s of {len(rounds)} rounds "
+          f"({out['engine_tokens_per_s']:.0f} tok/s; decode {out['decode_tokens_per_s']:.0f} tok/s; "
+          f"per round {each} tok/s)")
+
+
+def trainer_metrics(model: MoEModel, ops, waves: list[Wave], sync, out: dict) -> None:
+    """Trainer passes without/with replay over the engine's rollouts -> out[no_replay|replay]."""
     for replay in (False, True):
         t = time.perf_counter()
         parts = [trainer_pass(model, ops, w, replay) for w in waves]
@@ -191,21 +206,39 @@ def run_mode(model: MoEModel, ops, waves_spec, seed: int, sync, result: dict) ->
                     **routing_flip_metrics(engine_ex, trainer_ex),
                     "trainer_s": time.perf_counter() - t}
         m = out[key]
-        print(f"[{mode}] trainer ({key}): bitwise {m['bitwise_equal_fraction']:.4f}  "
+        print(f"[{ops.name}] trainer ({key}): bitwise {m['bitwise_equal_fraction']:.4f}  "
               f"max|Δ| {m['max_abs_logprob_diff']:.3g}  KL {m['kl_k3']:.3g}  flips {m['flip_rate']:.4f}")
 
 
-def _warm_up(model, ops, waves_spec, gen, sync) -> None:
-    """One small wave (compiles kernels, warms cuBLAS) and its trainer pass, untimed."""
-    spare = [p[:] for p in waves_spec[0][0][:3]]
+def run_mode(model: MoEModel, ops, waves_spec, seed: int, sync, result: dict) -> None:
+    """One op set on its own: warm-up, one timed round, trainer passes -> result[ops.name]."""
+    warm_up(model, ops, waves_spec, seed, sync)
+    waves, timing = engine_round(model, ops, waves_spec, seed, sync)
+    out = result.setdefault(ops.name, {})
+    record_engine(out, waves, [timing], ops.name)
+    trainer_metrics(model, ops, waves, sync, out)
+
+
+def warm_up(model, ops, waves_spec, seed: int, sync) -> None:
+    """Untimed: a small wave (compiles kernels, warms cuBLAS and the allocator), one decode step
+    at the largest batch, and a trainer pass."""
+    gen = torch.Generator(device=model.embed.device).manual_seed(seed + 1)
+    prompts = waves_spec[0][0]
+    spare = [p[:] for p in prompts[:3]]
     wave, _, _ = generate_wave(model, ops, spare, sorted([4, 3, 2], reverse=True), gen, sync)
     trainer_pass(model, ops, wave, replay=True)
+    generate_wave(model, ops, [p[:] for p in prompts], [2] * len(prompts), gen, sync)
     sync()
 
 
 def run_numerics(size: str, device: str, seed: int = 0, json_path: str | None = None,
-                 smoke: bool = False, modes: tuple[str, ...] = MODES) -> dict:
-    """Build the model, optionally run the kernel checks, run each mode; print and return."""
+                 smoke: bool = False, modes: tuple[str, ...] = MODES, repeats: int = 2,
+                 fast_experts: str = "grouped_mm") -> dict:
+    """Build the model, optionally run the kernel checks; warm every mode up, then ``repeats``
+    timed rounds with the modes interleaved (fast, det, fast, det: drift in clocks or heat hits
+    both), the median per mode; then the trainer passes. Print and return.
+    fast_experts: "grouped_mm" (torch._grouped_mm where it works, else the padded bmm) or
+    "padded_bmm" (never try it: the GPU script's choice when the smoke run did not confirm it)."""
     device = torch.device(device)
     if device.type == "cpu":
         torch.set_num_threads(1)  # reference.py's SIMD-uniform calls assume one thread
@@ -214,7 +247,7 @@ def run_numerics(size: str, device: str, seed: int = 0, json_path: str | None = 
     result: dict = {"size": size, "device": _device_name(device), "torch": torch.__version__,
                     "triton": _triton_version(), "shape": shape.as_dict(),
                     "params": shape.param_count(), "workload": asdict(WORKLOADS[size]),
-                    "errors": {}}
+                    "repeats": repeats, "errors": {}}
     print(f"numerics-gpu: {size} MoE, {shape.param_count() / 1e9:.3f}B params, on {result['device']}")
 
     def save() -> None:
@@ -229,9 +262,36 @@ def run_numerics(size: str, device: str, seed: int = 0, json_path: str | None = 
         save()
     model = MoEModel.random(shape, device, torch.bfloat16, seed)
     spec = make_prompts(WORKLOADS[size], shape.vocab_size, seed)
+    ops = {mode: make_ops(mode, device) for mode in modes}
+    if "fast" in ops and fast_experts == "padded_bmm":
+        ops["fast"].grouped_mm = False
+    waves: dict[str, list[Wave]] = {}
+    rounds: dict[str, list[dict]] = {mode: [] for mode in modes}
     for mode in modes:
-        _guarded(mode, lambda mode=mode: run_mode(model, make_ops(mode, device), spec, seed, sync,
-                                                  result), result)
+        _guarded(f"{mode}_warm_up", lambda mode=mode: warm_up(model, ops[mode], spec, seed, sync),
+                 result)
+    if "fast" in ops:
+        result["fast_experts"] = ops["fast"].experts_path
+        print(f"[fast] experts: {result['fast_experts']}")
+    save()
+    for _ in range(repeats):
+        for mode in modes:
+            if f"{mode}_engine" in result["errors"]:
+                continue
+
+            def timed_round(mode=mode) -> None:
+                got, timing = engine_round(model, ops[mode], spec, seed, sync)
+                waves.setdefault(mode, got)  # the first round's rollouts feed the trainer
+                rounds[mode].append(timing)
+                record_engine(result.setdefault(mode, {}), got, rounds[mode], mode)
+
+            _guarded(f"{mode}_engine", timed_round, result)
+            save()
+    for mode, rollouts in waves.items():
+        _guarded(f"{mode}_trainer",
+                 lambda mode=mode, rollouts=rollouts: trainer_metrics(model, ops[mode], rollouts,
+                                                                      sync, result[mode]),
+                 result)
         save()
     summarise(result)
     save()
@@ -315,6 +375,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of fast,deterministic")
     parser.add_argument("--smoke", action="store_true", help="first check each kernel against torch")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="timed engine rounds per mode, interleaved across modes; median reported")
+    parser.add_argument("--fast-experts", choices=("grouped_mm", "padded_bmm"), default="grouped_mm",
+                        help="fast mode's expert compute (grouped_mm falls back to padded_bmm if it fails)")
     parser.add_argument("--json", default=None, help="write the result here")
 
 
@@ -324,7 +388,10 @@ def run_from_args(args) -> int:
     unknown = set(modes) - set(MODES)
     if unknown:
         raise SystemExit(f"--modes: unknown {sorted(unknown)}; choose from {MODES}")
-    result = run_numerics(args.size, device, args.seed, args.json, args.smoke, modes)
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be >= 1")
+    result = run_numerics(args.size, device, args.seed, args.json, args.smoke, modes, args.repeats,
+                          args.fast_experts)
     return 1 if result["errors"] else 0
 
 

@@ -1,16 +1,22 @@
 """The two op sets the MoE forward runs on: ``FastOps`` (plain torch) and ``DeterministicOps``.
 
     ops = make_ops("deterministic", device)   # Triton kernels on CUDA, pure torch elsewhere
-    ops = make_ops("fast", device)            # cuBLAS matmuls, SDPA/flash attention
+    ops = make_ops("fast", device)            # cuBLAS matmuls, flash / memory-efficient SDPA
 
 Both take flat token rows (no padding): ``attention`` gets each query's cache slot and position
 and, for whole sequences starting at position 0 (prefill, the trainer's forward), their lengths
 ``seg_lens``; for decode (one token per slot) ``seg_lens`` is None.
 
-FastOps is what an engine and a trainer would run by default: the trainer's causal attention is
-flash attention over each sequence, decode is SDPA of one query against the cache, matmuls pick
-their cuBLAS algorithm by shape, experts run as a padded batched matmul and are summed back with
+FastOps is the benchmark's peer, so it is what a reasonably tuned torch engine and trainer run,
+with no host sync in a decode step: matmuls pick their cuBLAS algorithm by shape; prefill and the
+trainer's forward are one causal flash-attention call over the right-padded sequences; decode is
+one memory-efficient SDPA call of each KV head's query group against the cache; RMSNorm is
+torch's fused op; experts are grouped GEMMs over the tokens sorted by expert, summed back with
 ``index_add_`` (atomics on the GPU). Each is correct; none is batch-invariant.
+SDPA's cuDNN backend is left out (``FAST_BACKENDS``): torch >= 2.9 prefers it on Hopper, and it
+builds an execution plan for every new shape (tens of ms each) -- in a decode loop the key
+length grows every step, so every step paid a plan build (the first H200 run: fast mode at
+62 tok/s on the smoke model, 20x slower than the deterministic kernels).
 
 DeterministicOps routes every reduction through an op whose order is fixed per row (see
 matmul.py, rowwise.py, attention.py; reference.py on the CPU): prefill, decode and the trainer's
@@ -20,26 +26,41 @@ in top-k order with elementwise ops.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tidal.kernels import reference
 from tidal.kernels.routing import align_by_expert, sort_by_expert
 
 MODES = ("fast", "deterministic")
+FAST_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+"""SDPA backends FastOps allows, best first (no cuDNN: a plan build per new shape, see above)."""
 
 
 class FastOps:
+    """What a reasonably tuned plain-torch engine runs (see the module docstring)."""
+
     name = "fast"
+
+    def __init__(self):
+        self.grouped_mm = hasattr(torch, "_grouped_mm")
+        """Use ``torch._grouped_mm`` for the experts; cleared (with a printed reason) the first
+        time it fails or disagrees with the padded batched matmul."""
+
+    @property
+    def experts_path(self) -> str:
+        """Which expert compute ran: "grouped_mm" (checked), "padded_bmm", or "unused"."""
+        return {"checked": "grouped_mm", False: "padded_bmm"}.get(self.grouped_mm, "unused")
 
     def linear(self, x, weight, out_dtype=None):
         out = F.linear(x, weight)
         return out if out_dtype is None else out.to(out_dtype)
 
     def rms_norm(self, x, weight, eps):
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-        return weight * h.to(x.dtype)
+        return F.rms_norm(x, weight.shape, weight, eps)  # one fused kernel on CUDA
 
     def softmax(self, x, log):
         return torch.log_softmax(x.float(), -1) if log else torch.softmax(x.float(), -1)
@@ -53,39 +74,94 @@ class FastOps:
     def attention(self, q, k, v, cache_k, cache_v, slot, pos, seg_lens, span, scale):
         """q [N, Hq, D], k/v [N, Hkv, D] (written to the caches first) -> [N, Hq, D]."""
         write_cache(cache_k, cache_v, k, v, slot, pos)
-        group = q.shape[1] // k.shape[1]
-        if seg_lens is not None:  # whole sequences from position 0: causal flash attention
-            outs = []
-            for qs, ks, vs in zip(q.split(seg_lens), k.split(seg_lens), v.split(seg_lens)):
-                qs, ks, vs = (t.transpose(0, 1)[None] for t in (qs, ks, vs))  # [1, H, T, D]
-                ks, vs = ks.repeat_interleave(group, 1), vs.repeat_interleave(group, 1)
-                out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale)
-                outs.append(out[0].transpose(0, 1))
-            return torch.cat(outs)
-        keys = cache_k[slot, :, :span].repeat_interleave(group, 1)  # [N, Hq, span, D]
-        values = cache_v[slot, :, :span].repeat_interleave(group, 1)
-        mask = torch.arange(span, device=q.device)[None, :] <= pos[:, None]  # [N, span]
-        out = F.scaled_dot_product_attention(q[:, :, None], keys, values,
-                                             attn_mask=mask[:, None, None, :], scale=scale)
-        return out[:, :, 0]
+        if seg_lens is not None:
+            return causal_attention(q, k, v, pos, len(seg_lens), max(seg_lens), scale)
+        return decode_attention(q, cache_k, cache_v, slot, pos, span, scale)
 
     def experts(self, x, ids, weights, gate_up, down):
-        """x [M, H], ids/weights [M, k] -> [M, H]: assignments scattered into a per-expert
-        padded batch, two batched matmuls, summed back with index_add_ (as engines do)."""
-        m, k = ids.shape
-        num_experts = gate_up.shape[0]
-        order, sorted_ids, counts, rank = sort_by_expert(ids.reshape(-1), num_experts)
-        # capacity: M bounds any expert's count (no host sync) unless that wastes too much
-        capacity = m if m * num_experts <= 65536 else int(counts.max())
-        dest = sorted_ids * capacity + rank
+        """x [M, H], ids/weights [M, k] -> [M, H]: assignments sorted by expert, one grouped
+        matmul per projection (``torch._grouped_mm``, as torchtitan's MoE does; a padded batched
+        matmul where that is missing or fails), summed back with index_add_ (atomics on the GPU)."""
+        k = ids.shape[1]
+        order, sorted_ids, counts, rank = sort_by_expert(ids.reshape(-1), gate_up.shape[0])
         token = order // k
-        batch = x.new_zeros((num_experts * capacity, x.shape[1]))
-        batch[dest] = x[token]
+        weight = weights.reshape(-1)[order].to(x.dtype)[:, None]
+        y = None
+        if self.grouped_mm and (x.device.type == "cpu" or x.dtype == torch.bfloat16):
+            y = self._grouped_or_none(x[token], counts, sorted_ids, rank, gate_up, down)
+        if y is None:
+            y = self._padded(x[token], counts, sorted_ids, rank, gate_up, down)
+        return torch.zeros_like(x).index_add_(0, token, y * weight)
+
+    def _grouped(self, rows, counts, gate_up, down):
+        """Rows [A, H] sorted by expert -> expert MLP outputs [A, H] (grouped GEMMs, no padding)."""
+        offs = counts.cumsum(0).to(torch.int32)
+        gate, up = torch._grouped_mm(rows, gate_up.transpose(1, 2), offs=offs).chunk(2, dim=-1)
+        return torch._grouped_mm(self.silu_mul(gate, up), down.transpose(1, 2), offs=offs)
+
+    def _grouped_or_none(self, rows, counts, sorted_ids, rank, gate_up, down):
+        """``_grouped``, checked once against ``_padded`` (a private torch op: on an unsupported
+        build or GPU it raises, and the benchmark must still run); None if unusable."""
+        try:
+            y = self._grouped(rows, counts, gate_up, down)
+            if self.grouped_mm is True:  # first call: compare with the padded batched matmul
+                want = self._padded(rows, counts, sorted_ids, rank, gate_up, down).float()
+                err = float((y.float() - want).abs().max() / want.abs().max().clamp_min(1e-6))
+                if not err < 2e-2:
+                    raise RuntimeError(f"relative error {err:.3g} against the padded bmm")
+                self.grouped_mm = "checked"
+            return y
+        except Exception as exc:  # noqa: BLE001 - fall back to the padded bmm, said once
+            print(f"[fast] torch._grouped_mm unusable here ({type(exc).__name__}: {exc}); "
+                  "experts use the padded batched matmul", file=sys.stderr)
+            self.grouped_mm = False
+            return None
+
+    def _padded(self, rows, counts, sorted_ids, rank, gate_up, down):
+        """Rows [A, H] sorted by expert scattered into a per-expert padded batch, two batched
+        matmuls -> [A, H]. Capacity: A bounds any expert's count (no host sync) unless that
+        wastes too much."""
+        a, num_experts = rows.shape[0], gate_up.shape[0]
+        capacity = a if a * num_experts <= 65536 else int(counts.max())
+        dest = sorted_ids * capacity + rank
+        batch = rows.new_zeros((num_experts * capacity, rows.shape[1]))
+        batch[dest] = rows
         h = torch.bmm(batch.view(num_experts, capacity, -1), gate_up.transpose(1, 2))
         gate, up = h.chunk(2, dim=-1)
-        y = torch.bmm(self.silu_mul(gate, up), down.transpose(1, 2)).view(num_experts * capacity, -1)
-        y = y[dest] * weights.reshape(-1)[order].to(x.dtype)[:, None]
-        return torch.zeros_like(x).index_add_(0, token, y)
+        y = torch.bmm(self.silu_mul(gate, up), down.transpose(1, 2))
+        return y.view(num_experts * capacity, -1)[dest]
+
+
+def causal_attention(q, k, v, pos, segments: int, longest: int, scale):
+    """Whole sequences from position 0 laid end to end (q [N, Hq, D], k/v [N, Hkv, D], pos [N])
+    -> [N, Hq, D]: right-padded to [segments, longest] and one causal flash-attention call
+    (padding sits after each sequence, so causality keeps it out of every real query)."""
+    seg = torch.cumsum(pos == 0, 0) - 1  # each token's sequence, from the data: no host sync
+    group = q.shape[1] // k.shape[1]
+
+    def padded(t):
+        out = t.new_zeros((segments, longest, *t.shape[1:]))
+        out[seg, pos] = t
+        return out.transpose(1, 2)  # [B, heads, T, D]
+
+    keys = padded(k).repeat_interleave(group, 1)
+    values = padded(v).repeat_interleave(group, 1)
+    with sdpa_kernel(FAST_BACKENDS):
+        out = F.scaled_dot_product_attention(padded(q), keys, values, is_causal=True, scale=scale)
+    return out.transpose(1, 2)[seg, pos]
+
+
+def decode_attention(q, cache_k, cache_v, slot, pos, span, scale):
+    """One query per slot against its cache: each KV head's query group as a length-``group``
+    query block (no K/V repeat), keys past the row's position masked -> [N, Hq, D]."""
+    n, hq, d = q.shape
+    hkv = cache_k.shape[1]
+    keys, values = cache_k[slot, :, :span], cache_v[slot, :, :span]  # [N, Hkv, span, D]
+    mask = torch.arange(span, device=q.device)[None, :] <= pos[:, None]  # [N, span]
+    with sdpa_kernel(FAST_BACKENDS):
+        out = F.scaled_dot_product_attention(q.reshape(n, hkv, hq // hkv, d), keys, values,
+                                             attn_mask=mask[:, None, None, :], scale=scale)
+    return out.reshape(n, hq, d)
 
 
 class DeterministicOps:
