@@ -148,12 +148,22 @@ def test_triton_kernels_make_engine_and_trainer_bitwise_equal():
         assert result[key]["flip_rate"] == 0.0
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
+def test_fused_kernels_match_the_torch_ops_they_replace():
+    result = _run_interpreted("fused")
+    assert result["align_equal"] and result["route_ids_equal"] and result["combine_equal"]
+    assert result["route_gate_err"] < 1e-6
+
+
 HOPPER_SIGNATURES = {
     "matmul": ("_matmul_kernel", {
         "x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "rows_ptr": "*i64", "block_expert_ptr": "*i64",
-        "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_we": "i32", "stride_wn": "i32",
-        "stride_om": "i32"}, [{"GROUPED": g, "ROW_DIV": r, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}
-                           for g, r in ((False, 1), (True, 4), (True, 1))]),
+        "res_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_we": "i32",
+        "stride_wn": "i32", "stride_om": "i32"},
+        [{"GROUPED": g, "ROW_DIV": r, "SWIGLU": sw, "RESIDUAL": res, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}
+         for g, r, sw, res in ((False, 1, False, False), (False, 1, False, True), (True, 4, False, False),
+                               (True, 1, True, False))]),
     "rowwise": ("_rms_norm_kernel", {
         "x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "width": "i32", "stride_x": "i32",
         "stride_o": "i32", "eps": "fp32"}, [{"BLOCK": 2048}, {"BLOCK": 128}]),
@@ -162,6 +172,20 @@ HOPPER_SIGNATURES = {
         "pos_ptr": "*i64", "scale": "fp32", "stride_qn": "i32", "stride_qh": "i32", "stride_ks": "i32",
         "stride_kh": "i32", "stride_kl": "i32", "stride_on": "i32", "stride_oh": "i32"},
         [{"GROUP": 4, "HEAD_DIM": 128, "BLOCK_N": 64}]),
+    "fused": ("_qkv_kernel", {
+        "qkv_ptr": "*bf16", "q_norm_ptr": "*bf16", "k_norm_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
+        "q_out_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "slot_ptr": "*i64", "pos_ptr": "*i64",
+        "eps": "fp32", "stride_qkv": "i32", "stride_rope": "i32", "stride_qo": "i32", "stride_cs": "i32",
+        "stride_ch": "i32", "stride_cl": "i32"}, [{"HQ": 16, "HKV": 4, "D": 128}]),
+    "fused_route": ("_route_kernel", {
+        "logits_ptr": "*bf16", "ids_ptr": "*i64", "gates_ptr": "*fp32", "E": "i32", "stride_l": "i32"},
+        [{"REPLAY": r, "NORM": True, "TOPK": 4, "K_POW2": 4, "E_POW2": 32} for r in (False, True)]),
+    "fused_align": ("_align_kernel", {
+        "ids_ptr": "*i64", "rows_ptr": "*i64", "block_expert_ptr": "*i64", "A": "i32", "num_blocks": "i32"},
+        [{"E": 32, "E_POW2": 32, "BLOCK_M": 64, "CHUNK": 256}]),
+    "fused_combine": ("_combine_kernel", {
+        "y_ptr": "*bf16", "w_ptr": "*fp32", "res_ptr": "*bf16", "out_ptr": "*bf16", "H": "i32"},
+        [{"TOPK": 4, "BLOCK": 1024}]),
 }
 
 
@@ -183,7 +207,8 @@ def test_triton_kernels_compile_to_hopper_machine_code():
         "x_ptr": "*fp32", "out_ptr": "*fp32", "width": "i32", "stride_x": "i32", "stride_o": "i32"},
         [{"LOG": True, "CHUNK": 2048}, {"LOG": False, "CHUNK": 32}])
     for module_name, (kernel, args, variants) in signatures.items():
-        module = importlib.import_module(f"tidal.kernels.{'rowwise' if module_name == 'softmax' else module_name}")
+        file = {"softmax": "rowwise"}.get(module_name, module_name.split("_")[0])
+        module = importlib.import_module(f"tidal.kernels.{file}")
         for constants in variants:
             signature = {**args, **{name: "constexpr" for name in constants}}
             compiled = triton.compile(ASTSource(getattr(module, kernel), signature, constants),

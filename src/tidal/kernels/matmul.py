@@ -33,17 +33,19 @@ separate kernel for M == 1 and for M divisible by 16)."""
 
 
 @triton.jit(do_not_specialize=["M"])
-def _matmul_kernel(x_ptr, w_ptr, out_ptr, rows_ptr, block_expert_ptr, M, N, K,
+def _matmul_kernel(x_ptr, w_ptr, out_ptr, rows_ptr, block_expert_ptr, res_ptr, M, N, K,
                    stride_xm, stride_we, stride_wn, stride_om, GROUPED: tl.constexpr,
-                   ROW_DIV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr):
+                   ROW_DIV: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[rows, cols] = x[src rows] @ w[cols].T, walking K from 0 in BLOCK_K steps.
 
     Dense (GROUPED=False): tile ``program_id(0)`` is rows tile*BLOCK_M.. of x and out (< M).
     Grouped: the tile holds up to BLOCK_M assignment ids (``rows_ptr``, -1 = padding), all for
     expert ``block_expert_ptr[tile]`` (-1 = unused tile, nothing loaded or stored); assignment
     a reads x row a // ROW_DIV (its token, or itself) with expert weights w[e] and writes row a.
-    One kernel for both (not a shared helper: Triton 3.6's interpreter, which the CPU tests
+    SWIGLU: x rows are [gate | up] (2K wide) and the A operand is silu(gate) * up, each step
+    rounded to x's dtype as torch's two elementwise ops do. RESIDUAL: out = res + the product
+    rounded to out's dtype (torch's ``res + x @ w.T``). One kernel for both (not a shared helper: Triton 3.6's interpreter, which the CPU tests
     use, loses its patched builtins in nested jit calls when run after other tests)."""
     tile = tl.program_id(0)
     if GROUPED:
@@ -69,15 +71,27 @@ def _matmul_kernel(x_ptr, w_ptr, out_ptr, rows_ptr, block_expert_ptr, M, N, K,
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + ks
-        a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & (k[None, :] < K), other=0.0)
+        a_ok = row_ok[:, None] & (k[None, :] < K)
+        a = tl.load(x_rows + k[None, :], mask=a_ok, other=0.0)
+        if SWIGLU:
+            g = a.to(tl.float32)
+            up = tl.load(x_rows + K + k[None, :], mask=a_ok, other=0.0)
+            act = (g / (1.0 + tl.exp(-g))).to(a.dtype)
+            a = (act.to(tl.float32) * up.to(tl.float32)).to(a.dtype)
         b = tl.load(w_cols + k[:, None], mask=col_ok[None, :] & (k[:, None] < K), other=0.0)
         acc = tl.dot(a, b, acc)
-    out = out_ptr + dst[:, None] * stride_om + cols[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    out_ok = row_ok[:, None] & col_ok[None, :]
+    y = acc.to(out_ptr.dtype.element_ty)
+    if RESIDUAL:
+        res = tl.load(res_ptr + dst[:, None] * stride_om + cols[None, :], mask=out_ok, other=0.0)
+        y = (res.to(tl.float32) + y.to(tl.float32)).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + dst[:, None] * stride_om + cols[None, :], y, mask=out_ok)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """x [M, K] @ weight [N, K].T -> [M, N] in out_dtype (default x.dtype), fp32 accumulation."""
+def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None = None,
+           residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ weight [N, K].T -> [M, N] in out_dtype (default x.dtype), fp32 accumulation;
+    plus ``residual`` [M, N] (same dtype as the output) when given, in the same launch."""
     x = x.contiguous()
     m, k = x.shape
     n = weight.shape[0]
@@ -86,27 +100,35 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | None 
     if m == 0:
         return out
     grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))
-    _matmul_kernel[grid](x, weight, out, x, x, m, n, k, x.stride(0), 0, weight.stride(0),
-                         out.stride(0), GROUPED=False, ROW_DIV=1, BLOCK_M=BLOCK_M,
+    if residual is not None:
+        residual = residual.contiguous()
+        assert residual.shape == out.shape and residual.dtype == out.dtype
+    _matmul_kernel[grid](x, weight, out, x, x, out if residual is None else residual, m, n, k,
+                         x.stride(0), 0, weight.stride(0), out.stride(0), GROUPED=False,
+                         ROW_DIV=1, SWIGLU=False, RESIDUAL=residual is not None, BLOCK_M=BLOCK_M,
                          BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=NUM_WARPS,
                          num_stages=NUM_STAGES)
     return out
 
 
 def grouped_linear(x: torch.Tensor, weights: torch.Tensor, rows: torch.Tensor,
-                   block_expert: torch.Tensor, num_assignments: int, row_div: int) -> torch.Tensor:
-    """out[a] = x[a // row_div] @ weights[expert of a].T for every assignment a -> [A, N].
+                   block_expert: torch.Tensor, num_assignments: int, row_div: int,
+                   swiglu: bool = False) -> torch.Tensor:
+    """out[a] = x[a // row_div] @ weights[expert of a].T for every assignment a -> [A, N];
+    with ``swiglu`` x is [gate | up] (2K wide) and the product is silu(gate) * up @ w.T.
 
     weights [E, N, K]; rows/block_expert from ``routing.align_by_expert(ids, E, BLOCK_M)``."""
     x = x.contiguous()
     _, n, k = weights.shape
+    assert x.shape[1] == (2 * k if swiglu else k)
     assert weights.stride(2) == 1, "expert weights must be [E, N, K], K contiguous"
     out = torch.empty((num_assignments, n), dtype=x.dtype, device=x.device)
     if num_assignments == 0:
         return out
     grid = (block_expert.numel(), triton.cdiv(n, BLOCK_N))
-    _matmul_kernel[grid](x, weights, out, rows, block_expert, num_assignments, n, k,
+    _matmul_kernel[grid](x, weights, out, rows, block_expert, out, num_assignments, n, k,
                          x.stride(0), weights.stride(0), weights.stride(1), out.stride(0),
-                         GROUPED=True, ROW_DIV=row_div, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                         GROUPED=True, ROW_DIV=row_div, SWIGLU=swiglu, RESIDUAL=False,
+                         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                          BLOCK_K=BLOCK_K, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return out

@@ -13,7 +13,6 @@ and the trainer (whole sequences into a fresh cache), each token given as (slot,
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -139,37 +138,26 @@ class MoEModel:
         gates are still this model's own softmax probabilities at those experts).
         """
         s = self.shape
-        n = tokens.shape[0]
-        hq, hkv, d = s.num_attention_heads, s.num_key_value_heads, s.head_dim
-        cos, sin = self._rope_at(pos)
+        heads = (s.num_attention_heads, s.num_key_value_heads, s.head_dim)
+        rope = ops.rope_at(self._rope, pos, self.embed.dtype)
         x = self.embed[tokens]
         chosen = []
         for i, layer in enumerate(self.layers):
             h = ops.rms_norm(x, layer.input_norm, s.rms_norm_eps)
-            q, k, v = ops.linear(h, layer.qkv).split((hq * d, hkv * d, hkv * d), dim=-1)
-            q = apply_rope(ops.rms_norm(q.reshape(n, hq, d), layer.q_norm, s.rms_norm_eps), cos, sin)
-            k = apply_rope(ops.rms_norm(k.reshape(n, hkv, d), layer.k_norm, s.rms_norm_eps), cos, sin)
-            attn = ops.attention(q, k, v.reshape(n, hkv, d), cache[0][i], cache[1][i], slot, pos,
-                                 seg_lens, span, 1.0 / math.sqrt(d))
-            x = x + ops.linear(attn.reshape(n, hq * d), layer.o_proj)
+            attn = ops.self_attention(ops.linear(h, layer.qkv), layer.q_norm, layer.k_norm, rope,
+                                      cache[0][i], cache[1][i], slot, pos, seg_lens, span, heads,
+                                      s.rms_norm_eps)
+            x = ops.linear(attn.reshape(attn.shape[0], -1), layer.o_proj, residual=x)
             h = ops.rms_norm(x, layer.post_norm, s.rms_norm_eps)
-            probs = ops.softmax(ops.linear(h, layer.router), log=False)  # fp32 [N, E]
-            ids = torch.topk(probs, s.num_experts_per_tok, dim=-1).indices if replay is None else replay[:, i]
-            gates = probs.gather(-1, ids)
-            if s.norm_topk_prob:
-                gates = ops.normalize_gates(gates)
-            x = x + ops.experts(h, ids, gates, layer.gate_up, layer.down)
+            ids, gates = ops.route(ops.linear(h, layer.router), s.num_experts_per_tok,
+                                   s.norm_topk_prob, None if replay is None else replay[:, i])
+            x = ops.experts(h, ids, gates, layer.gate_up, layer.down, residual=x)
             chosen.append(ids)
         return ops.rms_norm(x, self.norm, s.rms_norm_eps), torch.stack(chosen, dim=1)
 
     def logprobs(self, ops, hidden) -> torch.Tensor:
         """Final hidden rows [R, H] -> fp32 log-probabilities [R, vocab]."""
         return ops.softmax(ops.linear(hidden, self.lm_head, out_dtype=torch.float32), log=True)
-
-    def _rope_at(self, pos):
-        cos, sin = self._rope
-        dtype = self.embed.dtype
-        return cos[pos].to(dtype)[:, None, :], sin[pos].to(dtype)[:, None, :]  # [N, 1, D]
 
 
 def rope_table(head_dim: int, theta: float, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,6 +26,7 @@ in top-k order with elementwise ops.
 
 from __future__ import annotations
 
+import math
 import sys
 
 import torch
@@ -33,7 +34,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tidal.kernels import reference
-from tidal.kernels.routing import align_by_expert, sort_by_expert
+from tidal.kernels.moe_model import apply_rope
+from tidal.kernels.routing import sort_by_expert
 
 MODES = ("fast", "deterministic")
 FAST_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -55,9 +57,20 @@ class FastOps:
         """Which expert compute ran: "grouped_mm" (checked), "padded_bmm", or "unused"."""
         return {"checked": "grouped_mm", False: "padded_bmm"}.get(self.grouped_mm, "unused")
 
-    def linear(self, x, weight, out_dtype=None):
+    def linear(self, x, weight, out_dtype=None, residual=None):
         out = F.linear(x, weight)
-        return out if out_dtype is None else out.to(out_dtype)
+        out = out if out_dtype is None else out.to(out_dtype)
+        return out if residual is None else residual + out
+
+    rope_at = staticmethod(lambda table, pos, dtype: rope_rows(table, pos, dtype))
+
+    def self_attention(self, qkv, q_norm, k_norm, rope, cache_k, cache_v, slot, pos, seg_lens,
+                       span, heads, eps):
+        return unfused_self_attention(self, qkv, q_norm, k_norm, rope, cache_k, cache_v, slot,
+                                      pos, seg_lens, span, heads, eps)
+
+    def route(self, logits, k, norm, replay):
+        return unfused_route(self, logits, k, norm, replay)
 
     def rms_norm(self, x, weight, eps):
         return F.rms_norm(x, weight.shape, weight, eps)  # one fused kernel on CUDA
@@ -78,8 +91,8 @@ class FastOps:
             return causal_attention(q, k, v, pos, len(seg_lens), max(seg_lens), scale)
         return decode_attention(q, cache_k, cache_v, slot, pos, span, scale)
 
-    def experts(self, x, ids, weights, gate_up, down):
-        """x [M, H], ids/weights [M, k] -> [M, H]: assignments sorted by expert, one grouped
+    def experts(self, x, ids, weights, gate_up, down, residual=None):
+        """(residual +) x [M, H], ids/weights [M, k] -> [M, H]: assignments sorted by expert, one grouped
         matmul per projection (``torch._grouped_mm``, as torchtitan's MoE does; a padded batched
         matmul where that is missing or fails), summed back with index_add_ (atomics on the GPU)."""
         k = ids.shape[1]
@@ -91,7 +104,8 @@ class FastOps:
             y = self._grouped_or_none(x[token], counts, sorted_ids, rank, gate_up, down)
         if y is None:
             y = self._padded(x[token], counts, sorted_ids, rank, gate_up, down)
-        return torch.zeros_like(x).index_add_(0, token, y * weight)
+        out = torch.zeros_like(x).index_add_(0, token, y * weight)
+        return out if residual is None else residual + out
 
     def _grouped(self, rows, counts, gate_up, down):
         """Rows [A, H] sorted by expert -> expert MLP outputs [A, H] (grouped GEMMs, no padding)."""
@@ -165,24 +179,29 @@ def decode_attention(q, cache_k, cache_v, slot, pos, span, scale):
 
 
 class DeterministicOps:
-    """Batch-invariant ops: Triton kernels when ``use_triton`` (CUDA), else reference.py."""
+    """Batch-invariant ops: Triton kernels when ``use_triton`` (CUDA), else reference.py.
+    On Triton, fused.py's kernels replace the torch glue between the kernels (fewer launches
+    per decode step): q/k norm + RoPE + cache write, routing, expert alignment and combine."""
 
     name = "deterministic"
 
     def __init__(self, use_triton: bool):
         self.use_triton = use_triton
         if use_triton:
-            from tidal.kernels import attention, matmul, rowwise
+            from tidal.kernels import attention, fused, matmul, rowwise
 
             self._linear, self._attention = matmul.linear, attention.attention
             self._rms_norm, self._softmax = rowwise.rms_norm, rowwise.softmax
-            self._matmul = matmul
+            self._matmul, self._fused = matmul, fused
         else:
             self._linear, self._attention = reference.linear, reference.attention
             self._rms_norm, self._softmax = reference.rms_norm, reference.softmax
 
-    def linear(self, x, weight, out_dtype=None):
-        return self._linear(x, weight, out_dtype)
+    def linear(self, x, weight, out_dtype=None, residual=None):
+        if self.use_triton:
+            return self._linear(x, weight, out_dtype, residual)
+        out = self._linear(x, weight, out_dtype)
+        return out if residual is None else residual + out
 
     def rms_norm(self, x, weight, eps):
         return self._rms_norm(x, weight, eps)
@@ -197,27 +216,76 @@ class DeterministicOps:
     def normalize_gates(self, weights):
         return weights / ordered_sum(weights.unbind(-1))[..., None]
 
+    def rope_at(self, table, pos, dtype):
+        """Triton: the fp32 tables themselves (the fused kernel looks up each row's position)."""
+        return table if self.use_triton else rope_rows(table, pos, dtype)
+
+    def self_attention(self, qkv, q_norm, k_norm, rope, cache_k, cache_v, slot, pos, seg_lens,
+                       span, heads, eps):
+        if not self.use_triton:
+            return unfused_self_attention(self, qkv, q_norm, k_norm, rope, cache_k, cache_v,
+                                          slot, pos, seg_lens, span, heads, eps)
+        q = self._fused.qkv_to_cache(qkv, q_norm, k_norm, *rope, cache_k, cache_v, slot, pos,
+                                     heads, eps)
+        return self._attention(q, cache_k, cache_v, slot, pos, 1.0 / math.sqrt(heads[2]))
+
+    def route(self, logits, k, norm, replay):
+        if self.use_triton:
+            return self._fused.route(logits, k, norm, replay)
+        return unfused_route(self, logits, k, norm, replay)
+
     def attention(self, q, k, v, cache_k, cache_v, slot, pos, seg_lens, span, scale):
         write_cache(cache_k, cache_v, k, v, slot, pos)
         return self._attention(q, cache_k, cache_v, slot, pos, scale)
 
-    def experts(self, x, ids, weights, gate_up, down):
-        """Per-assignment expert MLPs (each row on its own), combined in top-k order in fp32."""
+    def experts(self, x, ids, weights, gate_up, down, residual=None):
+        """(residual +) per-assignment expert MLPs (each row on its own), combined in top-k
+        order in fp32."""
         m, k = ids.shape
         inter = down.shape[2]
         flat = ids.reshape(-1)
         if self.use_triton:
-            rows, blocks = align_by_expert(flat, gate_up.shape[0], self._matmul.BLOCK_M)
-            h = self._matmul.grouped_linear(x, gate_up, rows, blocks, flat.numel(), row_div=k)
-            act = self.silu_mul(h[:, :inter], h[:, inter:])
-            y = self._matmul.grouped_linear(act, down, rows, blocks, flat.numel(), row_div=1)
-        else:
-            token = torch.arange(m, device=x.device).repeat_interleave(k)
-            h = reference.grouped_linear(x[token], gate_up, flat)
-            act = self.silu_mul(h[:, :inter], h[:, inter:])
-            y = reference.grouped_linear(act, down, flat)
+            mm, fused = self._matmul, self._fused
+            rows, blocks = fused.align_by_expert(flat, gate_up.shape[0], mm.BLOCK_M)
+            h = mm.grouped_linear(x, gate_up, rows, blocks, flat.numel(), row_div=k)
+            y = mm.grouped_linear(h, down, rows, blocks, flat.numel(), row_div=1, swiglu=True)
+            return fused.combine(y, weights, residual)
+        token = torch.arange(m, device=x.device).repeat_interleave(k)
+        h = reference.grouped_linear(x[token], gate_up, flat)
+        act = self.silu_mul(h[:, :inter], h[:, inter:])
+        y = reference.grouped_linear(act, down, flat)
         y = y.view(m, k, -1).float() * weights.float()[..., None]
-        return ordered_sum(y.unbind(1)).to(x.dtype)
+        out = ordered_sum(y.unbind(1)).to(x.dtype)
+        return out if residual is None else residual + out
+
+
+def rope_rows(table, pos, dtype):
+    """RoPE cos/sin tables [L, D] fp32 -> the rows at ``pos`` in ``dtype``, [N, 1, D] each."""
+    cos, sin = table
+    return cos[pos].to(dtype)[:, None, :], sin[pos].to(dtype)[:, None, :]
+
+
+def unfused_self_attention(ops, qkv, q_norm, k_norm, rope, cache_k, cache_v, slot, pos,
+                           seg_lens, span, heads, eps):
+    """qkv [N, (Hq + 2 Hkv) D] -> attention output [N, Hq, D] with torch glue: q/k RMSNorm,
+    RoPE (``rope``: rope_rows' cos/sin), then ``ops.attention`` (which writes k/v to the cache)."""
+    hq, hkv, d = heads
+    n = qkv.shape[0]
+    cos, sin = rope
+    q, k, v = qkv.split((hq * d, hkv * d, hkv * d), dim=-1)
+    q = apply_rope(ops.rms_norm(q.reshape(n, hq, d), q_norm, eps), cos, sin)
+    k = apply_rope(ops.rms_norm(k.reshape(n, hkv, d), k_norm, eps), cos, sin)
+    return ops.attention(q, k, v.reshape(n, hkv, d), cache_k, cache_v, slot, pos, seg_lens,
+                         span, 1.0 / math.sqrt(d))
+
+
+def unfused_route(ops, logits, k, norm, replay):
+    """Router logits [N, E] -> (ids [N, k]: top-k or ``replay``; gates [N, k] fp32: softmax
+    probabilities at ids, renormalised by ``ops.normalize_gates`` when ``norm``)."""
+    probs = ops.softmax(logits, log=False)
+    ids = torch.topk(probs, k, dim=-1).indices if replay is None else replay
+    gates = probs.gather(-1, ids)
+    return ids, ops.normalize_gates(gates) if norm else gates
 
 
 def ordered_sum(terms) -> torch.Tensor:
