@@ -23,6 +23,8 @@ from tidal.sync.store import VersionStore
 from tidal.sync.tensors import bits_of
 
 CFG = SyncConfig(chunk_elements=2048, anchor_every=3, request_bytes=8192, retries=2, timeout_s=5)
+RANGES = CFG.model_copy(update={"inline_bytes": 0})
+"""Every form's data by range requests (the /pull answer carries only the manifests)."""
 
 
 def versions(count: int, seed: int = 0):
@@ -125,7 +127,7 @@ def test_bad_responses_are_refetched_without_refetching_verified_chunks(origin, 
     pub, snaps, serve = origin
     plan = {"left": 2, "mode": mode}
     server = serve(faulty_app(pub.store, plan))
-    puller = Puller([server.url], CFG)
+    puller = Puller([server.url], RANGES)
     puller.pull(3)
     assert plan["left"] == 0 and same(puller.tensors, snaps[3])
     _, cost = cheapest_path(pub.store.forms(), 3, None)
@@ -136,7 +138,7 @@ def test_unrecoverable_corruption_fails_clearly_and_keeps_the_last_good_version(
     pub, snaps, serve = origin
     plan = {"left": 0, "mode": "corrupt"}
     server = serve(faulty_app(pub.store, plan))
-    puller = Puller([server.url], CFG)
+    puller = Puller([server.url], RANGES)
     puller.pull(2)
     plan["left"] = 10_000
     with pytest.raises(SyncError, match="checksum"):
@@ -179,7 +181,7 @@ def test_relay_killed_mid_transfer_puller_resumes_from_the_next_upstream(origin,
     relay_app = make_app(relay.store, relay)
     relay_app.middlewares.append(data_faults(relay.store, {"left": 10_000, "mode": "truncate"}))
     relay_server = serve(relay_app)
-    puller = Puller([relay_server.url, origin_server.url], CFG)
+    puller = Puller([relay_server.url, origin_server.url], RANGES)
     puller.pull(3)
     assert same(puller.tensors, snaps[3])
     relay_server.stop()  # the relay is gone for good now
@@ -264,3 +266,110 @@ def test_bad_upstream_and_missing_version_are_clear_errors(origin):
     server = serve()
     with pytest.raises(SyncError, match="version 42 cannot be built"):
         Puller([server.url], CFG).pull(42)
+
+
+def test_one_request_carries_a_small_update(origin):
+    pub, snaps, serve = origin
+    server = serve()
+    puller = Puller([server.url], CFG)
+    puller.pull(4)
+    requests = server.app[STATS]["requests"]
+    assert puller.pull(5) == 5 and same(puller.tensors, snaps[5])
+    assert server.app[STATS]["requests"] - requests == 1  # GET /pull: manifest and data inline
+    t = puller.timeline
+    assert t["request_sent"] <= t["first_byte"] <= t["last_byte"] <= t["decode_done"] <= t["hash_done"] <= t["applied"]
+
+
+def test_subscriber_gets_a_version_published_while_it_waits(origin):
+    import threading
+
+    pub, snaps, serve = origin
+    server = serve()
+    puller = Puller([server.url], CFG)
+    puller.pull(5)
+    assert puller.pull_next(wait_s=0.2) is None  # nothing newer: the wait ends empty
+    new = versions(7)[6]
+    threading.Timer(0.3, lambda: pub.publish(new)).start()
+    requests = server.app[STATS]["requests"]
+    assert puller.pull_next(wait_s=5) == 6 and same(puller.tensors, new)
+    assert server.app[STATS]["requests"] - requests == 1
+
+
+def test_a_corrupt_pull_answer_is_repaired_by_ranges(origin):
+    pub, snaps, serve = origin
+
+    @web.middleware
+    async def corrupt_bundle(request, handler):
+        if request.path != "/pull":
+            return await handler(request)
+        from tidal.sync.bundle import bundle_parts
+        path, _ = cheapest_path(pub.store.forms(), int(request.query["version"]), int(request.query["held"]))
+        body = bytearray(b"".join(bundle_parts(pub.store, int(request.query["version"]), path, 1 << 30)))
+        body[-5] ^= 0xFF  # inside the last chunk's payload
+        return web.Response(body=bytes(body))
+
+    app = make_app(pub.store)
+    app.middlewares.append(corrupt_bundle)
+    server = serve(app)
+    puller = Puller([server.url], CFG)
+    puller.pull(3)
+    assert puller.pull(5) == 5 and same(puller.tensors, snaps[5])
+
+
+def test_in_place_apply_is_bit_exact_and_a_failure_restores_the_base():
+    from tidal.sync.apply import apply_form
+    from tidal.sync.errors import VerificationError
+    from tidal.sync.publisher import encode_form
+
+    snaps = versions(3, seed=7)
+    base = [type(t)(t.name, t.dtype, t.shape, t.bits.copy(), t.file) for t in snaps[0]]
+    arrays = [t.bits for t in base]
+    manifest, payloads = encode_form(snaps[1], snaps[0], CFG, 1, 0, [])
+    out = apply_form(manifest, payloads.__getitem__, base, threads=2)
+    assert all(a is t.bits for a, t in zip(arrays, out))  # changed in place, no copy
+    assert same(out, snaps[1])
+    manifest2, payloads2 = encode_form(snaps[2], snaps[1], CFG, 2, 1, [])
+    bad = list(payloads2)
+    lie = manifest2.model_copy(update={"tensors": [manifest2.tensors[0].model_copy(update={"sha256": "0" * 64})]
+                                       + manifest2.tensors[1:]})
+    with pytest.raises(VerificationError):
+        apply_form(lie, bad.__getitem__, out, threads=2)
+    assert same(out, snaps[1])  # every chunk undone
+    bad[-1] = bytes([bad[-1][0] ^ 0x7F]) + bad[-1][1:]  # an unknown chunk kind: fails mid-decode
+    with pytest.raises(ValueError):
+        apply_form(manifest2, bad.__getitem__, out, threads=2)
+    assert same(out, snaps[1])
+
+
+def test_skipped_rehash_still_catches_bytes_the_manifest_does_not_admit():
+    """A tensor no chunk touched keeps its verified digest; a tensor whose bytes did change is
+    re-hashed, so a manifest that claims it unchanged (old sha256) is caught."""
+    from tidal.sync.apply import apply_form
+    from tidal.sync.errors import VerificationError
+    from tidal.sync.publisher import encode_form
+
+    snaps = versions(2, seed=3)
+    frozen = [snaps[1][0], snaps[0][1], snaps[1][2]]  # tensor 1 ("b") does not change
+    manifest, payloads = encode_form(frozen, snaps[0], CFG, 1, 0, [])
+    held_digests = [t.sha256() for t in snaps[0]]
+    calls = []
+
+    def work():
+        return [type(t)(t.name, t.dtype, t.shape, t.bits.copy(), t.file) for t in snaps[0]]
+
+    import tidal.sync.tensors as tensors_module
+    original = tensors_module.TensorBits.sha256
+    tensors_module.TensorBits.sha256 = lambda self: calls.append(self.name) or original(self)
+    try:
+        assert same(apply_form(manifest, payloads.__getitem__, work(), 1, held_digests), frozen)
+        assert sorted(calls) == sorted([snaps[0][0].name, snaps[0][2].name])  # "b" not re-hashed
+        claims_unchanged = manifest.model_copy(update={"tensors": [
+            manifest.tensors[0].model_copy(update={"sha256": held_digests[0]}), *manifest.tensors[1:]]})
+        with pytest.raises(VerificationError, match=snaps[0][0].name):
+            apply_form(claims_unchanged, payloads.__getitem__, work(), 1, held_digests)
+        says_changed = manifest.model_copy(update={"tensors": [
+            manifest.tensors[0], manifest.tensors[1].model_copy(update={"sha256": "1" * 64}), manifest.tensors[2]]})
+        with pytest.raises(VerificationError, match=snaps[0][1].name):
+            apply_form(says_changed, payloads.__getitem__, work(), 1, held_digests)
+    finally:
+        tensors_module.TensorBits.sha256 = original

@@ -110,7 +110,9 @@ def rl_snapshots(run_dir, steps: int):
 
     base = load_config(None, [])
     init = cached_pretrained(base, progress=False)  # the default recipe's mid-trained model
-    cfg = load_config(None, ["--model.dtype", "bfloat16", "--orchestrator.steps", str(steps),
+    # fp32 master weights served in bf16 (the workload): engine.numerics "fast", since
+    # "deterministic" requires the trainer to compute in the engine's dtype.
+    cfg = load_config(None, ["--model.dtype", "bfloat16", "--engine.numerics", "fast", "--orchestrator.steps", str(steps),
                              "--orchestrator.backend", "local", "--orchestrator.heldout_tasks", "8",
                              "--orchestrator.eval_samples_per_task", "1", "--orchestrator.eval_every", "0",
                              "--orchestrator.checkpoint_every", "0", "--sync.transport", "http",

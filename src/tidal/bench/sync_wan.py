@@ -50,6 +50,11 @@ def link_up(rate: str) -> None:
         sh("ip", "-n", ns, "link", "set", "lo", "up")
         sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", "256kb",
            "latency", "100ms")
+        # TCP buffers well above the emulated bandwidth-delay product (1 Gbit/s x 50 ms = 6.25 MB),
+        # so no side is window-limited (the per-namespace TCP settings; best effort).
+        for key, value in (("net.ipv4.tcp_rmem", "4096 131072 33554432"),
+                           ("net.ipv4.tcp_wmem", "4096 131072 33554432")):
+            subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"{key}={value}"], capture_output=True)
 
 
 def link_down() -> None:
@@ -94,9 +99,9 @@ def run_wan(origin_root: Path, files_dir: Path, rsync_base: Path, prev_version: 
                                f"{SERVER_IP}:{port}", str(one_way_delay_s), wait_for="ready"))
         time.sleep(1.0)
         proxy = {name: PROXY_BASE + k for k, name in enumerate(PORTS)}
-        _, out = in_client(py, "-m", "tidal.bench.sync_wan", "tidal-client",
-                           f"http://127.0.0.1:{proxy['tidal']}", str(prev_version), str(version))
-        tidal = json.loads(out)
+        tidal = subscribed_delivery(py, origin_root, f"http://127.0.0.1:{proxy['tidal']}", prev_version, version)
+        cli_s = cli_delivery(py, f"http://127.0.0.1:{proxy['tidal']}", files_dir.parent / "wan-cli-out",
+                             prev_version, version)
         _, out = in_client(py, "-m", "tidal.bench.sync_wan", "full-client",
                            f"http://127.0.0.1:{proxy['full']}/model.safetensors")
         full = json.loads(out)
@@ -109,15 +114,70 @@ def run_wan(origin_root: Path, files_dir: Path, rsync_base: Path, prev_version: 
             p.kill()
             p.wait()
         link_down()
-    full_bits_per_s = full["bytes"] * 8 / full["seconds"]
+    rate_bits = parse_rate(rate)
+    sub = tidal["subscribed"]
+    print_timeline("tidal, subscribed (publish -> applied)", sub, sub["published"])
+    print_timeline("tidal, polled (pull call -> applied)", tidal["polled"], tidal["polled"]["request_sent"])
+    print_timeline("full snapshot over HTTP (request -> verified)", full, full["request_sent"])
+    tidal_s = sub["applied"] - sub["published"]
+    full_s = full["verified"] - full["request_sent"]
     return {
-        "tidal_s": tidal["seconds"], "tidal_bytes": tidal["bytes"],
-        "full_s": full["seconds"], "full_bytes": full["bytes"],
+        "tidal_s": tidal_s, "tidal_bytes": tidal["bytes"],
+        "tidal_polled_s": tidal["polled"]["applied"] - tidal["polled"]["request_sent"],
+        "tidal_cli_pull_s": cli_s,
+        "full_s": full_s, "full_bytes": full["bytes"],
         "rsync_s": rsync_s, "rsync_bytes_received": rsync_bytes,
-        "wan_speedup_vs_full": full["seconds"] / tidal["seconds"],
-        "wan_speedup_vs_rsync": rsync_s / tidal["seconds"],
-        "full_link_utilisation": full_bits_per_s / parse_rate(rate),
+        "wan_speedup_vs_full": full_s / tidal_s,
+        "wan_speedup_vs_rsync": rsync_s / tidal_s,
+        "wan_speedup_vs_full_polled": full_s / (tidal["polled"]["applied"] - tidal["polled"]["request_sent"]),
+        "full_link_utilisation": full["bytes"] * 8 / (full["last_byte"] - full["first_byte"]) / rate_bits,
+        "full_link_utilisation_incl_request": full["bytes"] * 8 / full_s / rate_bits,
     }
+
+
+STAGES = ("published", "request_sent", "first_byte", "last_byte", "decode_done", "hash_done", "applied", "verified")
+
+
+def print_timeline(title: str, stamps: dict, zero: float) -> None:
+    """One delivery's stages in milliseconds after ``zero``."""
+    parts = [f"{k} {1000 * (stamps[k] - zero):+.1f}" for k in STAGES if k in stamps]
+    print(f"  {title:<46} " + ", ".join(parts) + " ms")
+
+
+def subscribed_delivery(py: str, origin_root: Path, url: str, prev_version: int, version: int) -> dict:
+    """A subscriber holding ``prev_version`` waits; the version is then published (LATEST moves;
+    its forms were written beforehand, the encode is not part of delivery); the subscriber's
+    timeline is taken relative to that moment. Then a second, polling puller (same warm
+    connections) pulls the same version, timed from its call."""
+    from tidal.sync.store import write_atomic
+
+    latest = origin_root / "LATEST"
+    write_atomic(latest, str(prev_version).encode())
+    proc = subprocess.Popen(["ip", "netns", "exec", NS_CLIENT, py, "-m", "tidal.bench.sync_wan", "tidal-client",
+                             url, str(prev_version), str(version)], stdout=subprocess.PIPE, text=True)
+    try:
+        if "ready" not in proc.stdout.readline():
+            raise RuntimeError("the tidal client did not start")
+        time.sleep(0.5)  # its subscription is waiting at the origin
+        write_atomic(latest, str(version).encode())
+        published = time.time()
+        result = json.loads(proc.stdout.readline())
+    finally:
+        proc.wait(timeout=120)
+    result["subscribed"]["published"] = published
+    return result
+
+
+def cli_delivery(py: str, url: str, out: Path, prev_version: int, version: int) -> float:
+    """`tidal sync pull` to disk: the folder holds ``prev_version`` (untimed), then the command
+    that brings it to ``version`` is timed whole (process start, reading and re-verifying the
+    held version, transfer, apply, writing safetensors)."""
+    shutil.rmtree(out, ignore_errors=True)
+    in_client(py, "-m", "tidal", "sync", "pull", "--upstream", url, "--out", str(out), "--version", str(prev_version))
+    seconds, _ = in_client(py, "-m", "tidal", "sync", "pull", "--upstream", url, "--out", str(out),
+                           "--version", str(version))
+    shutil.rmtree(out, ignore_errors=True)
+    return seconds
 
 
 def parse_rate(rate: str) -> float:
@@ -128,31 +188,47 @@ def parse_rate(rate: str) -> float:
     return float(rate)
 
 
-def tidal_client(url: str, prev_version: int, version: int) -> dict:
-    """Hold ``prev_version`` (untimed), then time pulling ``version``: fetch, decode, verify."""
+def tidal_client(url: str, prev_version: int, version: int) -> None:
+    """Two pullers hold ``prev_version`` (untimed); one subscribes and gets ``version`` when it
+    is published, then the other pulls it by an ordinary call. Prints both timelines."""
     from tidal.sync.puller import Puller
 
-    puller = Puller([url])
-    puller.pull(prev_version)
-    before = puller.bytes_fetched
-    t0 = time.perf_counter()
-    puller.pull(version)
-    return {"seconds": time.perf_counter() - t0, "bytes": puller.bytes_fetched - before}
+    subscriber, poller = Puller([url]), Puller([url])
+    subscriber.pull(prev_version)
+    poller.pull(prev_version)
+    before = subscriber.bytes_fetched
+    print("ready", flush=True)
+    got = subscriber.pull_next(wait_s=10.0)
+    if got != version:
+        raise SystemExit(f"subscriber got version {got}, expected {version}")
+    subscribed = dict(subscriber.timeline)
+    poller.pull(version)
+    print(json.dumps({"subscribed": subscribed, "polled": dict(poller.timeline),
+                      "bytes": subscriber.bytes_fetched - before}), flush=True)
 
 
 def full_client(url: str) -> dict:
+    """GET the safetensors file and sha256 it as it streams in (verification as the tidal side
+    does it; hashing overlaps the transfer)."""
+    import hashlib
     import urllib.request
 
-    t0 = time.perf_counter()
+    digest = hashlib.sha256()
+    stamps = {"request_sent": time.time()}
     total = 0
     with urllib.request.urlopen(url) as r:
         while data := r.read(1 << 20):
+            stamps.setdefault("first_byte", time.time())
             total += len(data)
-    return {"seconds": time.perf_counter() - t0, "bytes": total}
+            digest.update(data)
+    stamps["last_byte"] = time.time()
+    digest.hexdigest()
+    stamps["verified"] = time.time()
+    return {**stamps, "bytes": total}
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "tidal-client":
-        print(json.dumps(tidal_client(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))))
+        tidal_client(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     elif sys.argv[1] == "full-client":
         print(json.dumps(full_client(sys.argv[2])))

@@ -74,16 +74,23 @@ async def fetch_group(http: aiohttp.ClientSession, url: str, group, have: dict[C
     async with http.get(url, headers=headers) as resp:
         if resp.status != 206:
             raise SyncError(f"{url} answered HTTP {resp.status} to a range request")
-        for i, c in group:
-            try:
-                payload = await resp.content.readexactly(c.length)
-            except asyncio.IncompleteReadError as e:
-                received[0] += len(e.partial)
-                raise
-            received[0] += c.length
-            if xxhash.xxh3_64_hexdigest(payload) != c.xxh3:
-                raise VerificationError(f"chunk {i} from {url} fails its checksum")
-            have[chunk_key(c)] = payload
+        await read_verified(resp.content, group, have, received, url)
+
+
+async def read_verified(content: asyncio.StreamReader, chunks, have: dict[ChunkKey, bytes],
+                        received: list[int], source: str) -> None:
+    """Read ``chunks`` ((index, entry) pairs) back to back from ``content``, keeping each that
+    passes its xxh3; raises at the first that breaks off or fails."""
+    for i, c in chunks:
+        try:
+            payload = await content.readexactly(c.length)
+        except asyncio.IncompleteReadError as e:
+            received[0] += len(e.partial)
+            raise
+        received[0] += c.length
+        if xxhash.xxh3_64_hexdigest(payload) != c.xxh3:
+            raise VerificationError(f"chunk {i} from {source} fails its checksum")
+        have[chunk_key(c)] = payload
 
 
 async def fetch_chunks(http: aiohttp.ClientSession, base_url: str, manifest: WeightManifest,

@@ -98,17 +98,24 @@ def decode_chunk(payload: bytes | memoryview, target: np.ndarray) -> None:
 
 
 def _decode_sparse(body: memoryview, target: np.ndarray) -> None:
+    changed, diffs = sparse_changes(body, target)
+    target[changed] += diffs
+
+
+def sparse_changes(body: memoryview, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, new − old differences) a SPARSE payload's body (after the kind byte) names
+    in a chunk of ``target``'s size and dtype; the caller applies them (and can undo them)."""
     k, n, unary_len, rem_len, nsym, nwords = SPARSE_HEADER.unpack_from(body)
     if n == 0:
-        return
+        return np.zeros(0, np.int64), np.zeros(0, target.dtype)
     values, counts, pos = _decode_table(body, SPARSE_HEADER.size, nsym, target.dtype)
     unary = body[pos:pos + unary_len]
     remainders = body[pos + unary_len:pos + unary_len + rem_len]
     pos += unary_len + rem_len
-    changed = np.cumsum(rice_decode(unary, remainders, k, n) + np.uint64(1)) - np.uint64(1)
+    changed = (np.cumsum(rice_decode(unary, remainders, k, n) + np.uint64(1)) - np.uint64(1)).astype(np.int64)
     if int(changed[-1]) >= target.size:
         raise ValueError("sparse chunk names an element past the chunk's end")
-    target[changed] += _decode_symbols(body, pos, values, counts, nwords, n)
+    return changed, _decode_symbols(body, pos, values, counts, nwords, n)
 
 
 def _decode_dense(body: memoryview, target: np.ndarray) -> None:

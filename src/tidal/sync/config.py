@@ -30,6 +30,9 @@ class SyncConfig(Section):
     """Parallel HTTP connections a puller (or relay) uses for one version's data."""
     request_bytes: int = Field(4 << 20, ge=4096)
     """Target bytes per HTTP range request; adjacent chunks are fetched together up to this size."""
+    inline_bytes: int = Field(64 << 20, ge=0)
+    """A form whose data is at most this many bytes travels inside the puller's one /pull answer
+    (deltas); bigger ones (anchors) are fetched by parallel range requests afterwards."""
     retries: int = Field(4, ge=0, le=100)
     """Times a puller retries a failed request (per range, on each upstream) before it moves to
     the next upstream or gives up."""

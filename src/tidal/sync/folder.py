@@ -79,7 +79,7 @@ def pull_to_folder(puller, out: Path, version: int | None = None) -> Path:
     """Pull ``version`` (default newest) into ``out``, starting from what ``out`` holds."""
     held = read_held(out)
     if held is not None:
-        puller.hold(*held)
+        puller.hold(*held, verified=True)
     if out.exists() and not out.is_dir():
         raise SyncError(f"--out {out} is a file; name a folder")
     puller.pull(version)

@@ -5,6 +5,13 @@
     GET /v/{version}/{kind}/manifest
     GET /v/{version}/{kind}/data    HTTP Range supported (resume, parallel ranges)
     GET /blob/{sha256}              side files (config.json, ...)
+    GET /pull?held=H[&version=V][&after=A&wait_s=T][&inline_bytes=N]
+                                    one answer with everything a puller holding H needs to reach
+                                    V (default: the newest): a header, then each form's manifest
+                                    and, when the form's data is at most N bytes, its data. With
+                                    ``after``, waits (long-poll, at most T s) until a version
+                                    newer than A exists: a subscriber learns of a new version
+                                    with no poll round trip; 204 when none came. See bundle.py.
     GET /stats                      bytes this server has sent (Content-Length of its answers):
                                     all, and those of manifests and data (version_bytes_sent)
 """
@@ -17,7 +24,9 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from tidal.sync.bundle import bundle_parts
 from tidal.sync.errors import SyncError
+from tidal.sync.plan import cheapest_path
 from tidal.sync.store import KINDS, VersionStore
 
 if TYPE_CHECKING:
@@ -27,9 +36,11 @@ STATS = web.AppKey("stats", dict)
 """``app[STATS]``: {"bytes_sent", "version_bytes_sent", "requests"} of a server made by make_app."""
 
 
-def make_app(store: VersionStore, relay: "Relay | None" = None) -> web.Application:
+def make_app(store: VersionStore, relay: "Relay | None" = None, watch_interval_s: float = 0.002) -> web.Application:
     """Serve ``store``; with a ``relay``, missing forms and blobs are fetched from its upstream
-    first and the index is the upstream's (the cache's own when the upstream is down)."""
+    first and the index is the upstream's (the cache's own when the upstream is down).
+    ``watch_interval_s``: how often a waiting subscription looks for a newer version (the
+    publisher may be another process, so the store's LATEST file is what is watched)."""
     stats = {"bytes_sent": 0, "version_bytes_sent": 0, "requests": 0}
 
     async def current_index() -> dict:
@@ -76,6 +87,45 @@ def make_app(store: VersionStore, relay: "Relay | None" = None) -> web.Applicati
             raise web.HTTPNotFound(text="no such blob")
         return web.FileResponse(path)
 
+    async def current_latest() -> int | None:
+        return store.latest() if relay is None else (await relay.index())["latest"]
+
+    async def pull(request):
+        q = request.query
+        try:
+            held = int(q["held"]) if q.get("held") not in (None, "") else None
+            after = int(q["after"]) if "after" in q else None
+            wait_s = min(float(q.get("wait_s", 0)), 600.0)
+            inline_bytes = int(q.get("inline_bytes", 64 << 20))
+            wanted = int(q["version"]) if "version" in q else None
+        except ValueError as e:
+            raise web.HTTPBadRequest(text=f"bad query: {e}") from None
+        if after is not None:
+            deadline = asyncio.get_running_loop().time() + wait_s
+            while ((latest := await current_latest()) is None or latest <= after):
+                if asyncio.get_running_loop().time() >= deadline:
+                    return web.Response(status=204)
+                await asyncio.sleep(watch_interval_s)
+        index = await current_index()
+        target = index["latest"] if wanted is None else wanted
+        if target is None:
+            raise web.HTTPNotFound(text="no version has been published yet")
+        try:
+            path, _ = cheapest_path(index["forms"], target, held)
+            if relay is not None:
+                for v, kind in path:
+                    await relay.ensure(v, kind)
+            parts = await asyncio.to_thread(bundle_parts, store, target, path, inline_bytes)
+        except SyncError as e:
+            raise web.HTTPConflict(text=str(e)) from None
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        resp.content_length = sum(len(p) for p in parts)
+        await resp.prepare(request)
+        for p in parts:
+            await resp.write(p)
+        await resp.write_eof()
+        return resp
+
     async def stats_route(request):
         return web.json_response(stats)
 
@@ -83,7 +133,7 @@ def make_app(store: VersionStore, relay: "Relay | None" = None) -> web.Applicati
         if request.path != "/stats":
             stats["requests"] += 1
             stats["bytes_sent"] += response.content_length or 0
-            if request.path.startswith("/v/"):
+            if request.path.startswith("/v/") or request.path == "/pull":
                 stats["version_bytes_sent"] += response.content_length or 0
 
     app = web.Application()
@@ -91,7 +141,7 @@ def make_app(store: VersionStore, relay: "Relay | None" = None) -> web.Applicati
     app.add_routes([web.get("/latest", latest), web.get("/index", index_route),
                     web.get(r"/v/{version:\d+}/{kind}/manifest", manifest),
                     web.get(r"/v/{version:\d+}/{kind}/data", data),
-                    web.get("/blob/{sha}", blob), web.get("/stats", stats_route)])
+                    web.get("/blob/{sha}", blob), web.get("/pull", pull), web.get("/stats", stats_route)])
     app[STATS] = stats
     if relay is not None:
         app.on_cleanup.append(lambda _app: relay.close())

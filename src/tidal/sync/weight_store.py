@@ -64,7 +64,9 @@ class HttpWeightSource:
 
     def load(self, version: int, dtype):
         """Pull ``version`` (a delta from the one held, when cheaper) and wrap it as a model; the
-        puller has checked every tensor's sha256 before this returns."""
+        puller has checked every tensor's sha256 before this returns. The model's tensors are
+        the puller's own arrays (no copy), which the next ``load`` changes in place: copy them
+        out (Engine.load_weights does) before loading again, and never modify them."""
         from tidal.model.checkpoint import config_from_hf, model_from_hf_tensors
 
         self.puller.pull(version)
