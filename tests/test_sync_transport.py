@@ -403,3 +403,33 @@ def test_streaming_digests_match_whole_tensor_hashes_whatever_order_chunks_finis
         list(pool.map(lambda i: hashes.chunk_done(i, True), order))
         got = hashes.digests()
     assert got == [t.sha256() for t in tensors]
+
+
+def test_a_form_applied_while_it_arrives_is_undone_when_the_version_cannot_complete(tmp_path):
+    """The delta in the /pull answer is applied chunk by chunk as it streams in; when the version
+    then fails (its new side file is on no upstream), the held arrays are the old version again,
+    bit for bit, and the held version does not move; once the file is back the pull succeeds."""
+    import hashlib
+
+    snaps = versions(2, seed=5)
+    pub = Publisher(tmp_path / "origin", CFG)
+    pub.publish(snaps[0], {"config.json": b"old"})
+    (manifest,) = pub.publish(snaps[1], {"config.json": b"new"})
+    assert manifest.kind == "delta" and manifest.data_bytes <= CFG.inline_bytes
+    server = ServerThread(make_app(pub.store))
+    try:
+        puller = Puller([server.url], CFG)
+        puller.pull(0)
+        arrays = [t.bits for t in puller.tensors]
+        blob = pub.store.blob_path(hashlib.sha256(b"new").hexdigest())
+        kept = blob.read_bytes()
+        blob.unlink()
+        with pytest.raises(SyncError, match="config.json"):
+            puller.pull(1)
+        assert puller.version == 0 and same(puller.tensors, snaps[0])
+        assert all(a is t.bits for a, t in zip(arrays, puller.tensors))
+        blob.write_bytes(kept)
+        assert puller.pull(1) == 1 and same(puller.tensors, snaps[1])
+        puller.close()
+    finally:
+        server.stop()

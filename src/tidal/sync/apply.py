@@ -78,7 +78,7 @@ def undo_all(undos: list[Undo | None]) -> None:
 
 def apply_form(manifest: WeightManifest, payload_of: Callable[[int], bytes],
                base: list[TensorBits] | None, threads: int = 1, base_digests: list[str] | None = None,
-               timeline: dict | None = None) -> list[TensorBits]:
+               timeline: dict | None = None, accept: Callable[[], None] | None = None) -> list[TensorBits]:
     """The tensors of ``manifest.version``; ``payload_of(i)`` returns chunk i's verified payload
     and may block until it has arrived (the puller applies chunks while later ones are still on
     the wire). Chunks are applied in order by ``threads`` threads; each tensor's sha256 is taken
@@ -87,7 +87,10 @@ def apply_form(manifest: WeightManifest, payload_of: Callable[[int], bytes],
     A delta changes ``base``'s arrays in place and returns them; on any failure they are
     restored first. ``base_digests`` (the base's verified sha256 per tensor) lets tensors no
     chunk touched skip re-hashing. ``timeline`` gets "decode_done" and "hash_done" (time.time()).
-    Raises VerificationError (naming the tensor) if a result does not hash to the manifest."""
+    Raises VerificationError (naming the tensor) if a result does not hash to the manifest.
+    ``accept()``, if given, is called once the result is verified and may block or raise; if it
+    raises, the result is undone (the puller applies a form while it still arrives and decides
+    to keep it only when everything else the version needs has arrived too)."""
     tensors = start_tensors(manifest, base)
     in_place = tensors is base
     undos: list[Undo | None] = [None] * len(manifest.chunks)
@@ -112,6 +115,8 @@ def apply_form(manifest: WeightManifest, payload_of: Callable[[int], bytes],
         check_digests(manifest, got)
         if timeline is not None:
             timeline["hash_done"] = time.time()
+        if accept is not None:
+            accept()
     except BaseException:
         if in_place:
             undo_all(undos)
