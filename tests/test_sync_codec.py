@@ -7,7 +7,7 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidal.sync.bits import best_rice_parameter, rice_decode, rice_encode
+from tidal.sync.bits import best_rice_parameter, pack_fixed_width, rice_decode, rice_encode, unpack_fixed_width
 from tidal.sync.bound import tensor_bound_bits
 from tidal.sync.codec import DENSE, RAW, SPARSE, XOR_ZSTD, decode_chunk, encode_chunk
 from tidal.sync.manifest import ChunkEntry, TensorEntry, WeightManifest
@@ -110,6 +110,19 @@ def test_rice_codes_any_gaps(gaps):
     k = best_rice_parameter(gaps)
     unary, rem = rice_encode(gaps, k)
     assert np.array_equal(rice_decode(unary, rem, k, gaps.size), gaps)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5, 7, 8, 9, 13, 16, 31, 56, 57, 58, 62])
+def test_fixed_width_fields_unpack_at_every_bit_offset(k):
+    """The windowed unpack reads each field from the word at its first byte: every start bit
+    (0..7) and the stream's last bytes must come out exact, also above the window's width."""
+    rng = np.random.default_rng(k)
+    for n in (1, 7, 8, 9, 1001):
+        values = rng.integers(0, 2**k, size=n, dtype=np.uint64)
+        values[-1] = 2**k - 1  # all ones at the stream's end
+        assert np.array_equal(unpack_fixed_width(pack_fixed_width(values, k), k, n), values)
+    with pytest.raises(ValueError):
+        unpack_fixed_width(pack_fixed_width(values, k)[:-1], k, n)
 
 
 def test_manifest_rejects_chunks_that_do_not_tile_the_tensors():

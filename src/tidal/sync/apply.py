@@ -21,6 +21,7 @@ import numpy as np
 
 from tidal.sync.codec import SPARSE, decode_chunk, sparse_changes
 from tidal.sync.errors import SyncError, VerificationError
+from tidal.sync.hashing import StreamingDigests
 from tidal.sync.manifest import WeightManifest
 from tidal.sync.tensors import TensorBits, UINT_BY_WIDTH, torch_dtype
 
@@ -77,42 +78,64 @@ def undo_all(undos: list[Undo | None]) -> None:
 
 def apply_form(manifest: WeightManifest, payload_of: Callable[[int], bytes],
                base: list[TensorBits] | None, threads: int = 1, base_digests: list[str] | None = None,
-               timeline: dict | None = None) -> list[TensorBits]:
-    """The tensors of ``manifest.version``; ``payload_of(i)`` returns chunk i's verified payload.
+               timeline: dict | None = None, accept: Callable[[], None] | None = None) -> list[TensorBits]:
+    """The tensors of ``manifest.version``; ``payload_of(i)`` returns chunk i's verified payload
+    and may block until it has arrived (the puller applies chunks while later ones are still on
+    the wire). Chunks are applied in order by ``threads`` threads; each tensor's sha256 is taken
+    by as many more as its chunks are applied (hashing.py), so hashing overlaps decoding.
 
     A delta changes ``base``'s arrays in place and returns them; on any failure they are
     restored first. ``base_digests`` (the base's verified sha256 per tensor) lets tensors no
     chunk touched skip re-hashing. ``timeline`` gets "decode_done" and "hash_done" (time.time()).
-    Raises VerificationError (naming the tensor) if a result does not hash to the manifest."""
+    Raises VerificationError (naming the tensor) if a result does not hash to the manifest.
+    ``accept()``, if given, is called once the result is verified and may block or raise; if it
+    raises, the result is undone (the puller applies a form while it still arrives and decides
+    to keep it only when everything else the version needs has arrived too)."""
     tensors = start_tensors(manifest, base)
     in_place = tensors is base
     undos: list[Undo | None] = [None] * len(manifest.chunks)
-
-    def decode(i: int) -> None:
-        c = manifest.chunks[i]
-        target = tensors[c.tensor].bits[c.start:c.start + c.count]
-        if in_place:
-            undos[i] = apply_chunk(payload_of(i), target)
-        else:
-            decode_chunk(payload_of(i), target)
-
+    known = dict(enumerate(base_digests)) if in_place and base_digests is not None else None
     try:
-        with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(decode, range(len(manifest.chunks))))
-        if timeline is not None:
-            timeline["decode_done"] = time.time()
-        known = None
-        if in_place and base_digests is not None:
-            touched = {manifest.chunks[i].tensor for i, u in enumerate(undos) if u is not None}
-            known = {i: d for i, d in enumerate(base_digests) if i not in touched}
-        verify(manifest, tensors, known, threads)
+        with ThreadPoolExecutor(max(threads, 1)) as hash_pool:
+            hashes = StreamingDigests(manifest, tensors, known, hash_pool)
+
+            def decode(i: int) -> None:
+                c = manifest.chunks[i]
+                target = tensors[c.tensor].bits[c.start:c.start + c.count]
+                if in_place:
+                    undos[i] = apply_chunk(payload_of(i), target)
+                else:
+                    decode_chunk(payload_of(i), target)
+                hashes.chunk_done(i, not in_place or undos[i] is not None)
+
+            run_in_order(decode, len(manifest.chunks), threads)
+            if timeline is not None:
+                timeline["decode_done"] = time.time()
+            got = hashes.digests()
+        check_digests(manifest, got)
         if timeline is not None:
             timeline["hash_done"] = time.time()
+        if accept is not None:
+            accept()
     except BaseException:
         if in_place:
             undo_all(undos)
         raise
     return tensors
+
+
+def run_in_order(job: Callable[[int], None], n: int, threads: int) -> None:
+    """job(0..n-1) on ``threads`` threads, started in order; the first failure is raised after
+    every started job has finished (those not started are cancelled)."""
+    with ThreadPoolExecutor(max(threads, 1)) as pool:
+        futures = [pool.submit(job, i) for i in range(n)]
+        try:
+            for f in futures:
+                f.result()
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
 
 
 def digests(tensors: list[TensorBits], known: dict[int, str] | None = None, threads: int = 2) -> list[str]:
@@ -129,8 +152,12 @@ def verify(manifest: WeightManifest, tensors: list[TensorBits], known: dict[int,
            threads: int = 2) -> None:
     """Every tensor's digest (hashed, or known to be unchanged since it was verified) must be
     the manifest's."""
-    for entry, got in zip(manifest.tensors, digests(tensors, known, threads)):
-        if got != entry.sha256:
+    check_digests(manifest, digests(tensors, known, threads))
+
+
+def check_digests(manifest: WeightManifest, got: list[str]) -> None:
+    for entry, digest in zip(manifest.tensors, got):
+        if digest != entry.sha256:
             raise VerificationError(
                 f"tensor {entry.name} of version {manifest.version} ({manifest.kind}) hashes to "
-                f"{got[:16]}…, the manifest says {entry.sha256[:16]}…: the weights were not applied")
+                f"{digest[:16]}…, the manifest says {entry.sha256[:16]}…: the weights were not applied")

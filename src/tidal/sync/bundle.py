@@ -17,8 +17,9 @@ import asyncio
 import json
 import struct
 import time
+from collections.abc import Callable
 
-from tidal.sync.client import read_verified
+from tidal.sync.client import NETWORK_ERRORS, ChunkFeed, read_verified
 from tidal.sync.errors import VerificationError
 from tidal.sync.manifest import WeightManifest
 from tidal.sync.store import VersionStore
@@ -42,9 +43,12 @@ def bundle_parts(store: VersionStore, target: int, path: list[tuple[int, str]], 
     return [HEADER_LENGTH.pack(len(header)), header, *body]
 
 
-async def read_bundle(content: asyncio.StreamReader, received: list[int], timeline: dict | None = None):
-    """(target version, [(form step, manifest or None, {chunk key: payload})]) from a /pull
-    answer. Stops at the first broken or failing chunk; what was read and verified is kept."""
+async def read_bundle(content: asyncio.StreamReader, received: list[int], timeline: dict | None = None,
+                      on_first_form: Callable[[tuple, WeightManifest, ChunkFeed], None] | None = None):
+    """(target version, [(form step, manifest or None, ChunkFeed {chunk key: payload})]) from a
+    /pull answer. Stops at the first broken or failing chunk; what was read and verified is kept.
+    ``on_first_form(step, manifest, feed)`` is called when the first form's manifest has arrived
+    and its data is about to (the puller starts applying it chunk by chunk)."""
     (n,) = HEADER_LENGTH.unpack(await content.readexactly(HEADER_LENGTH.size))
     if timeline is not None:
         timeline.setdefault("first_byte", time.time())
@@ -52,7 +56,7 @@ async def read_bundle(content: asyncio.StreamReader, received: list[int], timeli
     out = []
     broken = False
     for f in header["forms"]:
-        step, have = (f["version"], f["kind"]), {}
+        step, have = (f["version"], f["kind"]), ChunkFeed()
         out.append((step, None, have))
         if broken:
             continue
@@ -60,8 +64,10 @@ async def read_bundle(content: asyncio.StreamReader, received: list[int], timeli
             manifest = WeightManifest.from_json(await content.readexactly(f["manifest_bytes"]))
             out[-1] = (step, manifest, have)
             if f["inline"]:
+                if on_first_form is not None and len(out) == 1:
+                    on_first_form(step, manifest, have)
                 await read_verified(content, enumerate(manifest.chunks), have, received, "a /pull answer")
-        except (asyncio.IncompleteReadError, VerificationError, ValueError, OSError):
+        except (*NETWORK_ERRORS, VerificationError, ValueError):
             broken = True
     if timeline is not None:
         timeline["last_byte"] = time.time()

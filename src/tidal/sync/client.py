@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import aiohttp
 import xxhash
@@ -23,6 +24,51 @@ ChunkKey = tuple[int, int, str]
 
 def chunk_key(c: ChunkEntry) -> ChunkKey:
     return (c.offset, c.length, c.xxh3)
+
+
+class ChunkFeed(dict):
+    """Verified payloads by chunk key (filled on the event loop) that another thread can wait
+    for, so the puller applies each chunk while later ones are still on the wire."""
+
+    def __init__(self):
+        super().__init__()
+        self._arrived = threading.Condition()
+        self._error: BaseException | None = None
+        self._released = False
+
+    def __setitem__(self, key: ChunkKey, payload: bytes) -> None:
+        with self._arrived:
+            super().__setitem__(key, payload)
+            self._arrived.notify_all()
+
+    def wait_for(self, key: ChunkKey) -> bytes:
+        """The payload once it has arrived; raises the error the feed was closed with if it has
+        not arrived by then."""
+        with self._arrived:
+            self._arrived.wait_for(lambda: key in self or self._error is not None)
+            if key in self:
+                return dict.__getitem__(self, key)
+            raise self._error
+
+    def close(self, error: BaseException) -> None:
+        """No more payloads will come, and the result will not be used: wake every waiter for a
+        payload that is missing, and ``wait_released`` raises ``error``."""
+        with self._arrived:
+            self._error = error
+            self._arrived.notify_all()
+
+    def release(self) -> None:
+        """The result will be used: ``wait_released`` returns."""
+        with self._arrived:
+            self._released = True
+            self._arrived.notify_all()
+
+    def wait_released(self) -> None:
+        """Blocks until ``release`` (returns) or ``close`` (raises its error)."""
+        with self._arrived:
+            self._arrived.wait_for(lambda: self._released or self._error is not None)
+            if not self._released:
+                raise self._error
 
 
 def session(cfg: SyncConfig) -> aiohttp.ClientSession:

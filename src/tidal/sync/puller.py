@@ -24,7 +24,7 @@ import urllib.request
 
 from tidal.sync.apply import apply_form, digests
 from tidal.sync.bundle import read_bundle
-from tidal.sync.client import NETWORK_ERRORS, chunk_key, fetch_chunks, get_bytes, get_json, session
+from tidal.sync.client import NETWORK_ERRORS, ChunkFeed, chunk_key, fetch_chunks, get_bytes, get_json, session
 from tidal.sync.config import SyncConfig
 from tidal.sync.errors import SyncError
 from tidal.sync.manifest import WeightManifest
@@ -53,6 +53,8 @@ class Puller:
         self._digests: list[str] | None = None
         """sha256 of each held tensor's bytes (verified), so unchanged tensors are not re-hashed."""
         self._received = [0]
+        self._streams: dict[tuple, tuple[ChunkFeed, asyncio.Future]] = {}
+        """Forms being applied while their /pull answer still arrives: step -> (feed, task)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._http = None
         self._busy = threading.Lock()
@@ -128,6 +130,12 @@ class Puller:
         return self._http
 
     async def _pull(self, version: int | None, after: int | None, wait_s: float) -> int | None:
+        try:
+            return await self._pull_path(version, after, wait_s)
+        finally:
+            await self._abandon_all()
+
+    async def _pull_path(self, version: int | None, after: int | None, wait_s: float) -> int | None:
         http = self._session()
         self.timeline = {"request_sent": time.time()}
         target, path, prefetched = None, None, {}
@@ -135,6 +143,7 @@ class Puller:
             try:
                 answer = await self._bundle(http, up, version, after, wait_s)
             except (*NETWORK_ERRORS, SyncError, ValueError):
+                await self._abandon_all()
                 continue  # an old upstream without /pull, or a broken answer: plan it by hand
             if answer is None:
                 return None
@@ -182,7 +191,30 @@ class Puller:
                 return None
             if resp.status != 200:
                 raise SyncError(f"{up}/pull answered HTTP {resp.status}: {(await resp.text())[:200]}")
-            return await read_bundle(resp.content, self._received, self.timeline)
+            return await read_bundle(resp.content, self._received, self.timeline, self._stream)
+
+    def _stream(self, step: tuple, manifest: WeightManifest, feed: ChunkFeed) -> None:
+        """Start applying the answer's first form (whose base is the held version) while its
+        chunks still arrive: each chunk is decoded, and each tensor hashed, as soon as it can be.
+        The result is kept only once ``_form`` releases it (every chunk and side file arrived)."""
+        task = asyncio.ensure_future(asyncio.to_thread(
+            apply_form, manifest, lambda i: feed.wait_for(chunk_key(manifest.chunks[i])), self.tensors,
+            self.cfg.threads, self._digests, self.timeline, feed.wait_released))
+        self._streams[step] = (feed, task)
+
+    async def _abandon_all(self) -> None:
+        streams, self._streams = list(self._streams.values()), {}
+        for feed, task in streams:
+            await self._abandon(feed, task)
+
+    @staticmethod
+    async def _abandon(feed: ChunkFeed, task: asyncio.Future) -> None:
+        """Stop a streamed apply whose result will not be used; it undoes what it applied."""
+        feed.close(SyncError("the transfer was abandoned"))
+        try:
+            await task
+        except Exception:
+            pass  # its failure is why it is abandoned, or it was stopped by close()
 
     async def _index(self, http) -> dict:
         errors = []
@@ -212,6 +244,7 @@ class Puller:
         answer already carried is not fetched again)."""
         errors = []
         manifest, have = prefetched
+        stream = self._streams.pop((version, kind), None)
         for up in self.upstreams:
             try:
                 if manifest is None:
@@ -219,13 +252,20 @@ class Puller:
                         await get_bytes(http, f"{up}/v/{version}/{kind}/manifest"))
                 files = await self._files(http, manifest)
                 await fetch_chunks(http, up, manifest, have, self.cfg, self._received)
-                tensors = await asyncio.to_thread(
-                    apply_form, manifest, lambda i: have[chunk_key(manifest.chunks[i])], self.tensors,
-                    self.cfg.threads, self._digests, self.timeline)
+                if stream is not None:
+                    stream[0].release()
+                    tensors = await stream[1]
+                else:
+                    tensors = await asyncio.to_thread(
+                        apply_form, manifest, lambda i: have[chunk_key(manifest.chunks[i])], self.tensors,
+                        self.cfg.threads, self._digests, self.timeline)
                 return manifest, tensors, files
             except (*NETWORK_ERRORS, SyncError, ValueError) as e:
                 errors.append(f"{up}: {e}")
                 manifest = None  # the next upstream's own manifest (verified chunks stay in have)
+                if stream is not None:
+                    await self._abandon(*stream)
+                    stream = None
         raise SyncError(f"version {version} ({kind}) failed on every upstream: " + "; ".join(errors))
 
     async def _files(self, http, manifest: WeightManifest) -> dict[str, bytes]:
