@@ -236,3 +236,25 @@ def test_step_log_reports_the_off_policy_correction_counts():
     assert metrics["is_masked_tokens"] == 0  # bitwise on-policy: every w is exactly 1
     assert metrics["is_weight_mean"] == 1.0
     assert metrics["mismatch_bitwise_equal_fraction"] == 1.0
+
+
+def test_moe_stacked_route_for_few_tokens_equals_the_per_expert_route(monkeypatch):
+    """numerics/moe.py: the decode-sized route (one matmul over all experts' stacked matrices)
+    and the per-expert route give every token the same bits, with and without replay."""
+    from tidal.numerics import moe
+
+    model = build_model(preset("tiny-moe").model_copy(update={"num_hidden_layers": 1}), seed=0)
+    with torch.inference_mode():
+        layer = model.deterministic_weights(torch.float32).layers[0]
+        assert layer.router_gate_up is not None
+        h = torch.randn(1, 40, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+        replay = torch.randint(0, model.config.num_experts, (40, 2), generator=torch.Generator().manual_seed(1))
+        replay[:, 1] = (replay[:, 0] + 1) % model.config.num_experts  # two distinct experts
+        for rows in (1, 2, 5, 17, 40):
+            for ids in (None, replay[:rows]):
+                monkeypatch.setattr(moe, "FEW_TOKENS", 64)
+                stacked, own_s = moe.sparse_moe(layer, h[:, :rows], 2, True, ids)
+                monkeypatch.setattr(moe, "FEW_TOKENS", 0)
+                per_expert, own_p = moe.sparse_moe(layer, h[:, :rows], 2, True, ids)
+                assert same_bits(stacked, per_expert), rows
+                assert torch.equal(own_s, own_p)

@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from tidal.model.moe_dispatch import dispatch_to_experts
 from tidal.model.rope import apply_rope_fused
+from tidal.numerics.moe import sparse_moe
 from tidal.numerics.ops import (
     KEY_BLOCK, DeterministicLinear, attention, attention_bias, fold_norm_weight, folded_rms_norm,
     rms_norm, silu,
 )
+from tidal.numerics.ops import _onednn as _onednn_linear
 
 if TYPE_CHECKING:
     from tidal.model.kv_cache import KVCache
@@ -50,6 +51,8 @@ class _Layer:
     router: DeterministicLinear | None  # [E, H] (MoE)
     experts_gate_up: list[DeterministicLinear]  # E x [2 * I, H] (MoE)
     experts_down: list[DeterministicLinear]  # E x [H, I] (MoE)
+    router_gate_up: DeterministicLinear | None = None  # [E + E*2I, H]: router, experts' gate_up
+    down_blocks: DeterministicLinear | None = None  # [H, E * I]: experts' down side by side
 
 
 class DeterministicWeights:
@@ -123,7 +126,22 @@ class DeterministicWeights:
             router=None if dense else self._linear(mlp.gate.weight, norm=post),
             experts_gate_up=[DeterministicLinear(w) for w in experts_gate_up],
             experts_down=[DeterministicLinear(w) for w in experts_down],
+            **({} if dense else self._few_token_experts(mlp, post)),
         )
+
+    def _few_token_experts(self, mlp, post: torch.Tensor) -> dict:
+        """numerics/moe.py's fused matrices, for the engine's fp32 oneDNN path only (the trainer
+        never runs few tokens through them, and their bit-equality is measured for oneDNN)."""
+        if self.trainable or not self.folded or not _onednn_linear(mlp.gate.weight):
+            return {"router_gate_up": None, "down_blocks": None}
+        experts = mlp.experts
+        gate_up = self._folded(experts.gate_up_proj, post)
+        down = self._cast(experts.down_proj)  # [E, H, I]
+        return {
+            "router_gate_up": DeterministicLinear(torch.cat(
+                (self._folded(mlp.gate.weight, post), gate_up.flatten(0, 1)))),
+            "down_blocks": DeterministicLinear(down.permute(1, 0, 2).flatten(1)),
+        }
 
     def _versions(self) -> list[int]:
         return [t._version for t in self._sources]
@@ -193,7 +211,8 @@ def deterministic_forward(
             x = x + layer.down(silu(gate) * up)
             expert_ids.append(None)
         else:
-            out, ids = _moe(w, layer, h, None if replay is None else replay[:, i])
+            out, ids = sparse_moe(layer, h, w.top_k, w.norm_topk_prob,
+                                  None if replay is None else replay[:, i])
             x = x + out
             expert_ids.append(ids)
     if logits_at is not None:
@@ -222,28 +241,3 @@ def _attention(w: DeterministicWeights, layer: _Layer, x, cos, sin, bias, plan, 
         values = vc[plan.rows, :, :length].to(x.dtype)
     return layer.o(attention(q, keys, values, bias))
 
-
-def _moe(w: DeterministicWeights, layer: _Layer, h: torch.Tensor, replay: torch.Tensor | None):
-    """SparseMoE's math on deterministic matmuls -> (out [B, T, H], the router's own top-k
-    [B*T, k]); replay [B*T, k] picks the experts, gate weights from this router's probabilities."""
-    flat = h.reshape(-1, h.shape[-1])
-    probs = torch.softmax(layer.router(flat).float(), dim=-1)
-    weights, own = torch.topk(probs, w.top_k, dim=-1)
-    ids = own
-    if replay is not None:
-        ids = replay
-        weights = probs.gather(-1, ids)
-    if w.norm_topk_prob:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    out = _experts(layer, flat, ids, weights.to(h.dtype))
-    return out.view_as(h), own
-
-
-def _experts(layer: _Layer, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """qwen3.Experts.forward on deterministic matmuls."""
-
-    def mlp(e: int, rows: torch.Tensor) -> torch.Tensor:
-        gate, up = layer.experts_gate_up[e](rows).chunk(2, dim=-1)
-        return layer.experts_down[e](silu(gate) * up)
-
-    return dispatch_to_experts(x, ids, weights, len(layer.experts_down), mlp)
