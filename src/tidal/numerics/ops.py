@@ -14,7 +14,7 @@ project's CPU (torch 2.13, AMD EPYC, 1 and 2 threads; tests/test_numerics_ops.py
   batch count or thread count; 1-3 rows take other kernels -> ``attention`` pads to 4 rows.
 - ``scaled_dot_product_attention`` for one query against a cache differs from the full causal
   forward (its reductions run over the key length) -> ``attention`` sums over fixed-size key
-  blocks and combines the blocks strictly in order (cumsum), so keys past a query, whether masked
+  blocks and combines the blocks strictly in order, so keys past a query, whether masked
   future keys or an unused cache tail, add exact zeros and change nothing.
 - fp32 ``F.silu`` / ``sigmoid`` take a scalar path for a tensor's tail elements whose rounding
   differs from the vector path: invariant when rows are a whole number of vectors (a last dim
@@ -157,8 +157,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     the row-invariant kernels. Scores: one matmul over all L keys (invariant in the column
     count); softmax over L in fp32 (torch's last-dim kernel reduces each row in vector lanes in
     order, so keys past the query, at -inf, add exact zeros: measured invariant for L = 64..512);
-    p @ v per KEY_BLOCK keys, the blocks added in order by cumsum (fp64 accumulation), whose last
-    entry is the same for a query whatever number of all-zero blocks follow its own.
+    p @ v per KEY_BLOCK keys (one matmul over the whole L is not invariant in L: measured), the
+    blocks added in order in fp32, so the all-zero blocks past a query's own add exact zeros.
+    Matmuls take 3-D views of k and v (a KV cache's rows are read in place, never copied).
     """
     b, t, heads, d = q.shape
     kv_heads, length = k.shape[1], k.shape[2]
@@ -169,17 +170,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     q = q.unflatten(2, (kv_heads, group))  # [B, T, kv_heads, group, D]
     if padded > group:
         q = F.pad(q, (0, 0, 0, padded - group))
-    rows = q.permute(0, 2, 1, 3, 4).reshape(b, kv_heads, t * padded, d)
-    scores = torch.matmul(rows, k.transpose(-1, -2)).float().view(b, kv_heads, t, padded, length)
-    p = torch.softmax(scores + bias, dim=-1).to(v.dtype)
-    blocks = length // KEY_BLOCK
-    p = p.view(b, kv_heads, t * padded, blocks, KEY_BLOCK).transpose(2, 3)
-    per_block = torch.matmul(p, v.unflatten(2, (blocks, KEY_BLOCK)))  # [B, kv, blocks, T * G, D]
-    if blocks == 1:  # the cumsum of one block is that block, bit for bit
-        out = per_block.select(2, 0)
-    else:
-        out = per_block.float().cumsum(2).select(2, -1).to(v.dtype)
-    out = out.view(b, kv_heads, t, padded, d)
+    rows = q.permute(0, 2, 1, 3, 4).reshape(b * kv_heads, t * padded, d)
+    keys, values = k.flatten(0, 1), v.flatten(0, 1)  # [B * kv_heads, L, D]
+    scores = torch.bmm(rows, keys.transpose(1, 2)).float().view(b, kv_heads, t, padded, length)
+    p = torch.softmax(scores + bias, dim=-1).to(v.dtype).view(b * kv_heads, t * padded, length)
+    out = None
+    for start in range(0, length, KEY_BLOCK):
+        block = torch.bmm(p[:, :, start : start + KEY_BLOCK], values[:, start : start + KEY_BLOCK])
+        out = block if out is None else out.float() + block.float()
+    out = out.to(v.dtype).view(b, kv_heads, t, padded, d)
     if padded > group:
         out = out[:, :, :, :group]
     return out.permute(0, 2, 1, 3, 4).reshape(b, t, heads * d).to(q.dtype)
