@@ -5,8 +5,9 @@ so a token's logits have the same bits whichever of them computes it.
     engine:  model(ids, positions, cache, slots, deterministic=True)   (prefill, decode)
     trainer: model(ids, deterministic=True, dtype=compute dtype)       (autograd through it)
 
-It is qwen3.py's math (same norms, RoPE table, routing), with fused q/k/v and gate/up matrices;
-it differs from the fast paths (module forward, serving.py) only in rounding (~1e-6).
+It is qwen3.py's math (same norms, RoPE table, routing), with fused q/k/v and gate/up matrices
+and, in fp32, the norm weights folded into the matrices (DeterministicWeights); it differs from
+the fast paths (module forward, serving.py) only in rounding (~1e-6). MoE layers: moe.py.
 
 Dtype policy: everything runs in one compute dtype (the parameters', or ``dtype``): the trainer
 with fp32 master weights casts them to the engine's dtype inside the forward, so a bf16 engine

@@ -5,7 +5,7 @@ Why: RL compares the engine's sampling logprob with the trainer's recomputation 
 decodes one token against a KV cache inside a batch of whatever size is running; the trainer
 runs the full sequence in a padded batch. With torch's default kernels the two differ in the last
 bits, because a kernel picks its summation order by the shape of the call. Measured on this
-project's CPU (torch 2.13, AMD EPYC, 1 and 2 threads; tests/test_numerics_ops.py re-checks each):
+project's CPU (torch 2.13, AMD EPYC, 1 and 2 threads; tests/test_numerics.py re-checks them):
 
 - fp32 ``F.linear`` (MKL) gives different bits for 1, 2-3 and >= 4 rows, and with 2 threads also
   between large row counts; oneDNN's linear on a weight packed once gives the same bits for every
