@@ -13,7 +13,9 @@ from tidal.engine.engine import Engine
 from tidal.engine.request import GenerationRequest
 from tidal.model import KVCache, build_model, preset
 from tidal.model.tokenizer import ByteTokenizer
-from tidal.numerics.ops import KEY_BLOCK, DeterministicLinear, attention
+from tidal.numerics.ops import (
+    KEY_BLOCK, DeterministicLinear, attention, attention_bias, folded_rms_norm,
+)
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.grpo import collate
 from tidal.trainer.trainer import MissingExpertsError, Trainer
@@ -57,21 +59,30 @@ def test_attention_one_query_against_a_longer_cache_equals_the_full_causal_rows(
     """Query t of a causal forward over T keys vs the same query alone against a cache padded
     with garbage past t (one more block than it needs)."""
     g = torch.Generator().manual_seed(0)
-    b, h, group, t, d = 2, 2, 3, 70, 32
+    b, kv_heads, group, t, d = 2, 2, 3, 70, 32
     length = 2 * KEY_BLOCK
-    q = torch.randn(b, h, t, group, d, generator=g).to(dtype)
-    k = torch.randn(b, h, length, d, generator=g).to(dtype)
-    v = torch.randn(b, h, length, d, generator=g).to(dtype)
-    causal = torch.arange(length) <= torch.arange(t).view(t, 1)  # [T, L]
-    visible = causal.view(1, 1, t, 1, length).expand(b, 1, t, group, length).reshape(b, 1, t * group, length)
-    full = attention(q.reshape(b, h, t * group, d), k, v, visible).view(b, h, t, group, d)
+    q = torch.randn(b, t, kv_heads * group, d, generator=g).to(dtype)
+    k = torch.randn(b, kv_heads, length, d, generator=g).to(dtype)
+    v = torch.randn(b, kv_heads, length, d, generator=g).to(dtype)
+    full = attention(q, k, v, attention_bias(torch.arange(t).expand(b, t), length))
     for pos in (0, 5, 63, 64, 69):
         cache_len = 3 * KEY_BLOCK
-        kc = torch.cat((k[:, :, : pos + 1], torch.randn(b, h, cache_len - pos - 1, d, generator=g).to(dtype)), 2)
-        vc = torch.cat((v[:, :, : pos + 1], torch.randn(b, h, cache_len - pos - 1, d, generator=g).to(dtype)), 2)
-        seen = (torch.arange(cache_len) <= pos).expand(b, 1, group, cache_len)
-        one = attention(q[:, :, pos], kc, vc, seen)
-        assert same_bits(one, full[:, :, pos]), pos
+        kc = torch.cat((k[:, :, : pos + 1], torch.randn(b, kv_heads, cache_len - pos - 1, d, generator=g).to(dtype)), 2)
+        vc = torch.cat((v[:, :, : pos + 1], torch.randn(b, kv_heads, cache_len - pos - 1, d, generator=g).to(dtype)), 2)
+        one = attention(q[:, pos : pos + 1], kc, vc, attention_bias(torch.full((b, 1), pos), cache_len))
+        assert same_bits(one, full[:, pos : pos + 1]), pos
+
+
+@pytest.mark.parametrize("width", [192, 32, 40])
+def test_folded_rms_norm_rows_do_not_depend_on_the_batch(width):
+    """Every row count from 1 to 70 (vector bodies and scalar tails of each elementwise kernel)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(70, width, generator=g) * 3
+    eps = torch.tensor(width * 1e-6)
+    full = folded_rms_norm(x, eps)
+    for rows in range(1, 71):
+        assert same_bits(folded_rms_norm(x[70 - rows :], eps), full[70 - rows :]), rows
+    torch.testing.assert_close(full * width**0.5, torch.nn.functional.rms_norm(x, (width,), eps=1e-6))
 
 
 # ------------------------------------------------------------------ model: decode, chunks
@@ -225,3 +236,25 @@ def test_step_log_reports_the_off_policy_correction_counts():
     assert metrics["is_masked_tokens"] == 0  # bitwise on-policy: every w is exactly 1
     assert metrics["is_weight_mean"] == 1.0
     assert metrics["mismatch_bitwise_equal_fraction"] == 1.0
+
+
+def test_moe_stacked_route_for_few_tokens_equals_the_per_expert_route(monkeypatch):
+    """numerics/moe.py: the decode-sized route (one matmul over all experts' stacked matrices)
+    and the per-expert route give every token the same bits, with and without replay."""
+    from tidal.numerics import moe
+
+    model = build_model(preset("tiny-moe").model_copy(update={"num_hidden_layers": 1}), seed=0)
+    with torch.inference_mode():
+        layer = model.deterministic_weights(torch.float32).layers[0]
+        assert layer.router_gate_up is not None
+        h = torch.randn(1, 40, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+        replay = torch.randint(0, model.config.num_experts, (40, 2), generator=torch.Generator().manual_seed(1))
+        replay[:, 1] = (replay[:, 0] + 1) % model.config.num_experts  # two distinct experts
+        for rows in (1, 2, 5, 17, 40):
+            for ids in (None, replay[:rows]):
+                monkeypatch.setattr(moe, "FEW_TOKENS", 64)
+                stacked, own_s = moe.sparse_moe(layer, h[:, :rows], 2, True, ids)
+                monkeypatch.setattr(moe, "FEW_TOKENS", 0)
+                per_expert, own_p = moe.sparse_moe(layer, h[:, :rows], 2, True, ids)
+                assert same_bits(stacked, per_expert), rows
+                assert torch.equal(own_s, own_p)
