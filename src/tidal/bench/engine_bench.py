@@ -57,6 +57,7 @@ def run_engine_bench(
     runs: int = DEFAULT_RUNS,
     seed: int = 0,
     threads: int | None = DEFAULT_THREADS,
+    numerics: str | None = None,
 ) -> dict:
     """Measure decode tokens/s of both engines per batch size; print a table; return (and
     optionally write) ``{"preset", "new_tokens", "prompt_len", "runs", "threads", "torch",
@@ -65,6 +66,7 @@ def run_engine_bench(
     runs: timed runs per side and batch size (alternating; the median counts), >= 1.
     threads: torch intra-op threads for both sides during the run (default 1, see the module
     docstring; None = leave torch's setting).
+    numerics: the engine's ``numerics`` ("deterministic" | "fast"); None = the engine's default.
     """
     if runs < 1:
         raise ValueError(f"runs must be >= 1, got {runs}")
@@ -72,12 +74,13 @@ def run_engine_bench(
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _run(preset, batch_sizes, new_tokens, json_path, prompt_len, runs, seed)
+        return _run(preset, batch_sizes, new_tokens, json_path, prompt_len, runs, seed, numerics)
     finally:
         torch.set_num_threads(previous_threads)
 
 
-def _run(preset, batch_sizes, new_tokens, json_path, prompt_len, runs, seed) -> dict:
+def _run(preset, batch_sizes, new_tokens, json_path, prompt_len, runs, seed, numerics) -> dict:
+    numerics = numerics or EngineConfig().numerics
     import transformers
     from transformers import AutoModelForCausalLM
 
@@ -92,7 +95,7 @@ def _run(preset, batch_sizes, new_tokens, json_path, prompt_len, runs, seed) -> 
         prompts = torch.randint(0, 256, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
         engine = Engine(model, tokenizer, EngineConfig(
             max_batch_size=batch, max_seq_len=prompt_len + new_tokens + 1,
-            max_new_tokens=new_tokens, temperature=0.0, stop=[], seed=seed,
+            max_new_tokens=new_tokens, temperature=0.0, stop=[], seed=seed, numerics=numerics,
         ))
         requests = [GenerationRequest(p, ignore_eos=True) for p in prompts.tolist()]
 
@@ -125,7 +128,7 @@ def _run(preset, batch_sizes, new_tokens, json_path, prompt_len, runs, seed) -> 
         })
 
     result = {
-        "preset": preset, "new_tokens": new_tokens, "prompt_len": prompt_len, "runs": runs,
+        "preset": preset, "numerics": numerics, "new_tokens": new_tokens, "prompt_len": prompt_len, "runs": runs,
         "threads": torch.get_num_threads(), "torch": torch.__version__,
         "transformers": transformers.__version__, "rows": rows,
     }
@@ -146,7 +149,8 @@ def _print_table(result: dict) -> None:
     from rich.table import Table
 
     table = Table(title=(
-        f"engine decode, preset {result['preset']}, {result['prompt_len']} prompt + "
+        f"engine decode ({result['numerics']} numerics), preset {result['preset']}, "
+        f"{result['prompt_len']} prompt + "
         f"{result['new_tokens']} new tokens, greedy, median of {result['runs']} runs "
         f"(peer: transformers generate)"
     ), caption=(
@@ -172,12 +176,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch threads for both sides (default 1: see the module docstring)")
     p.add_argument("--runs", type=int, default=DEFAULT_RUNS,
                    help="timed runs per side, median reported")
+    p.add_argument("--numerics", choices=["deterministic", "fast"], default=None,
+                   help="tidal engine numerics (default: the engine's default, deterministic)")
     p.add_argument("--json", default=None, help="write the results here")
 
 
 def run_from_args(a: argparse.Namespace) -> int:
     sizes = tuple(int(b) for b in a.batch_sizes.split(","))
-    run_engine_bench(a.preset, sizes, a.new_tokens, a.json, runs=a.runs, threads=a.threads)
+    run_engine_bench(a.preset, sizes, a.new_tokens, a.json, runs=a.runs, threads=a.threads,
+                     numerics=a.numerics)
     return 0
 
 
