@@ -13,9 +13,9 @@ context windows before f is written), at each context window W:
 
 The peer is plain truncation: the harness's sliding window (keep the head and the newest turns)
 with the same model, the same mid-training, the same RL algorithm and the same wall-clock budget.
-Mid-training is next-token prediction on the scripted expert's episodes at every window, in the
-harness's own token format, summaries included (tidal.tasks.longhorizon_demos); its summaries
-slip now and then, so the model before RL keeps facts only most of the time.
+Mid-training is next-token prediction of the scripted expert's turns and summaries in its
+episodes at every window, in the harness's own token format (tidal.tasks.longhorizon_demos); its
+summaries slip now and then, so the model before RL keeps facts only most of the time.
 
 The RL loop here is synchronous and in-process (one engine, one trainer, no Ray): on 2 cores the
 orchestrator's workers would only compete with the trainer, and both modes must see exactly the
@@ -163,13 +163,13 @@ def tidal_config(bc: HorizonBenchConfig):
     from tidal.model.presets import preset
 
     longest = max(bc.windows)
-    model = preset(bc.preset).model_copy(update={"max_position_embeddings": longest + 8})
+    model = preset(bc.preset).model_copy(update={"max_position_embeddings": longest})
     return TidalConfig.model_validate({
         "model": model.model_dump(),
         "engine": {"max_seq_len": longest, "max_new_tokens": 96, "temperature": bc.temperature,
                    "max_batch_size": bc.tasks_per_step * bc.group_size + bc.eval_tasks,
                    "seed": bc.seed},
-        "pretrain": {"seq_len": longest + 2, "batch_size": bc.pretrain_batch, "lr": bc.pretrain_lr,
+        "pretrain": {"seq_len": longest, "batch_size": bc.pretrain_batch, "lr": bc.pretrain_lr,
                      "time_budget_s": bc.pretrain_s, "max_steps": 1_000_000, "warmup_steps": 30,
                      "num_threads": bc.threads, "log_every": 50},
         "orchestrator": {"seed": bc.seed},
@@ -193,23 +193,24 @@ def midtrain(bc: HorizonBenchConfig, setups: list[WindowSetup], progress: bool) 
     from tidal.fsutil import replace_dir
     from tidal.model.checkpoint import COMPLETE_MARKER
     from tidal.pretrain.loop import METRICS_FILE, MODEL_DIR, pretrain
-    from tidal.tasks.longhorizon_demos import build_demo_corpus
+    from tidal.model.tokenizer import ByteTokenizer
+    from tidal.tasks.longhorizon_demos import demo_rows, demo_segments
 
     root = Path(bc.cache_dir) / midtrain_key(bc, setups)
     if (root / MODEL_DIR / COMPLETE_MARKER).is_file():
         return root / MODEL_DIR, json.loads((root / "midtrain.json").read_text())
     cfg = tidal_config(bc)
     t0 = time.perf_counter()
-    docs = []
+    segments = []
     per_window = max(1, bc.demo_episodes // len(setups))
     for i, s in enumerate(setups):
-        docs += build_demo_corpus(s.ledger, [s.window], per_window, bc.seed + i,
-                                  cfg.pretrain.seq_len, s.harness("summarize"))
+        segments += demo_segments(s.ledger, s.window, per_window, bc.seed + i, s.harness("summarize"))
+    rows = demo_rows(segments, cfg.pretrain.seq_len, ByteTokenizer().pad_id)
     corpus_s = time.perf_counter() - t0
     staging = root.parent / f".{root.name}.tmp-{uuid.uuid4().hex[:8]}"
-    pretrain(cfg, staging, docs=docs, progress=progress)
+    pretrain(cfg, staging, rows=rows, progress=progress)
     curve = [json.loads(line) for line in (staging / METRICS_FILE).read_text().splitlines()]
-    facts = {"documents": len(docs), "episodes": per_window * len(setups), "corpus_s": corpus_s,
+    facts = {"segments": len(segments), "episodes": per_window * len(setups), "corpus_s": corpus_s,
              "steps": curve[-1]["step"], "final_loss": curve[-1]["loss"],
              "train_s": curve[-1]["elapsed_s"]}
     (staging / "midtrain.json").write_text(json.dumps(facts))
