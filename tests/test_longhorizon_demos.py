@@ -8,8 +8,8 @@ from tidal.harness.episode import SUMMARY_CLOSE, SUMMARY_OPEN
 from tidal.model.tokenizer import ByteTokenizer
 from tidal.tasks.longhorizon import parse_code, sample_tasks
 from tidal.tasks.longhorizon_config import LedgerConfig
-from tidal.tasks.longhorizon_demos import (demo_rows, demo_segments, play_expert, read_context,
-                                           segment_text)
+from tidal.tasks.longhorizon_demos import (demo_rows, demo_segments, informative, play_expert,
+                                           read_context, segment_text)
 
 WINDOW = 384
 CFG = LedgerConfig(num_files=38)
@@ -81,10 +81,13 @@ def test_rows_hold_one_segment_each_trained_on_the_expert_tokens_only(clean_epis
         demo_rows(segments, 64, pad)
 
 
-def test_demo_segments_are_contexts_of_the_family():
+def test_demo_segments_keep_every_decision_and_as_many_copies():
     segments = demo_segments(CFG, WINDOW, 4, seed=0, harness=harness_for(WINDOW, "summarize"))
-    assert len(segments) >= 4 * 10
     assert all(segment_text(s).startswith("\nTools:") for s in segments)
+    decisions = sum(informative(s) for s in segments)
+    assert decisions >= 4 * 2  # two steps and a submit per episode (steps may share a segment)
+    firsts = sum(SUMMARY_OPEN not in ByteTokenizer().decode(s.prompt_ids) for s in segments)
+    assert firsts == 4 and len(segments) <= 2 * (decisions + firsts)
 
 
 def test_segment_text_round_trips_the_tokens(clean_episodes):

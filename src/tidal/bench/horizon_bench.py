@@ -61,7 +61,7 @@ class HorizonBenchConfig(Section):
     """Files per task are chosen so the expert's episode is at least this many windows long."""
     preset: str = "tiny"
     """Model size (tidal.model.presets)."""
-    demo_episodes: int = Field(1600, ge=2)
+    demo_episodes: int = Field(4000, ge=2)
     """Expert episodes rendered for mid-training, spread over the windows."""
     slip_rate: float = Field(0.03, ge=0.0, lt=1.0)
     """Chance that each expert summary drops or garbles a step (LedgerConfig.summary_slip_rate)."""
@@ -92,7 +92,7 @@ class HorizonBenchConfig(Section):
     """Mid-trained models are cached here, keyed by what made them."""
 
 
-QUICK = {"demo_episodes": 600, "pretrain_s": 150.0, "rl_s": 45.0, "eval_tasks": 16}
+QUICK = {"demo_episodes": 2000, "pretrain_s": 150.0, "rl_s": 45.0, "eval_tasks": 16}
 """--quick: shorter budgets (figures from these are marked "quick" in the JSON)."""
 
 

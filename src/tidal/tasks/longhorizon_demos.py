@@ -133,12 +133,26 @@ def demo_rows(segments: list[Segment], seq_len: int, pad_id: int) -> tuple[torch
     return ids, mask
 
 
+def informative(segment: Segment) -> bool:
+    """Whether the segment holds a decision beyond copying: a step to add to the summary, or
+    the submission."""
+    text = ByteTokenizer().decode(segment.completion_ids)
+    return family.STEP_MARK in text or '"submit"' in text
+
+
 def demo_segments(cfg: LedgerConfig, window: int, n_episodes: int, seed: int,
                   harness: HarnessConfig | None = None) -> list[Segment]:
-    """The segments of ``n_episodes`` expert episodes on training-split tasks at ``window``
-    (with the expert's summary slips), shuffled."""
+    """Segments of ``n_episodes`` expert episodes on training-split tasks at ``window`` (with the
+    expert's summary slips), shuffled: every informative one and as many of the others (which
+    only copy the summary on), each episode's first included. Most segments of an episode only
+    copy; kept in full they would leave the steps that matter ~1 row in 10."""
+    rng = random.Random(seed)
     tasks = family.sample_tasks(cfg, n_episodes, seed + 1_000_003, heldout=False)
     results = play_expert(tasks, window, cfg.summary_slip_rate, seed, harness)
-    segments = [s for r in results for s in r.segments]
-    random.Random(seed).shuffle(segments)
+    kept, others = [], []
+    for r in results:
+        for i, seg in enumerate(r.segments):
+            (kept if i == 0 or informative(seg) else others).append(seg)
+    segments = kept + rng.sample(others, min(len(others), len(kept)))
+    rng.shuffle(segments)
     return segments
