@@ -13,12 +13,12 @@ listing and the task sentence.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 
 from tidal.env.rubric import Rubric
 from tidal.env.spec import EnvironmentSpec
 from tidal.env.tool_env import ToolEnvironment
+from tidal.env.tools import run_blocking
 from tidal.tasks import longhorizon as family
 from tidal.tasks.grading import grade_many
 from tidal.tasks.longhorizon import LedgerTask
@@ -74,7 +74,7 @@ def make_tests_pass(sandbox, slots: threading.BoundedSemaphore):
                 body = family.body_text(env.submitted or "")
                 return grade_many(sandbox, [task.function_task()], [body])[0].reward
 
-        return await asyncio.to_thread(grade)
+        return await run_blocking(grade)
 
     return tests_pass
 
