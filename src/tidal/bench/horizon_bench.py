@@ -90,6 +90,9 @@ class HorizonBenchConfig(Section):
     seed: int = 0
     cache_dir: str = ".cache/tidal/horizon"
     """Mid-trained models are cached here, keyed by what made them."""
+    init_model: str | None = None
+    """A mid-trained model folder to start from instead of mid-training (its corpus must match
+    the windows and family settings; the JSON then says so)."""
 
 
 QUICK = {"demo_episodes": 2000, "pretrain_s": 150.0, "rl_s": 45.0, "eval_tasks": 16}
@@ -316,7 +319,10 @@ def run_horizon_bench(bc: HorizonBenchConfig, json_path: str | Path | None = Non
     torch.manual_seed(bc.seed)
     with torch_threads(bc.threads):
         setups = [WindowSetup(w, bc) for w in bc.windows]
-        model_dir, mid = midtrain(bc, setups, progress)
+        if bc.init_model:
+            model_dir, mid = Path(bc.init_model), {"given": bc.init_model}
+        else:
+            model_dir, mid = midtrain(bc, setups, progress)
         log(f"mid-trained: {mid}")
         sandbox = Sandbox(SandboxConfig())
         windows = [run_window(model_dir, s, bc, sandbox, log) for s in setups]
@@ -377,15 +383,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rl-s", type=float, help="RL seconds per run")
     parser.add_argument("--pretrain-s", type=float, help="mid-training seconds")
     parser.add_argument("--threads", type=int, help="torch threads")
+    parser.add_argument("--eval-tasks", type=int, help="held-out tasks per evaluation")
+    parser.add_argument("--init-model", help="a mid-trained model folder (skips mid-training)")
 
 
 def run_from_args(args) -> int:
     overrides = dict(QUICK) if args.quick else {}
     if args.windows:
         overrides["windows"] = [int(w) for w in args.windows.split(",")]
-    for flag, key in (("rl_s", "rl_s"), ("pretrain_s", "pretrain_s"), ("threads", "threads")):
-        if getattr(args, flag) is not None:
-            overrides[key] = getattr(args, flag)
+    for key in ("rl_s", "pretrain_s", "threads", "eval_tasks", "init_model"):
+        if getattr(args, key) is not None:
+            overrides[key] = getattr(args, key)
     run_horizon_bench(HorizonBenchConfig(**overrides), args.json, quick=args.quick)
     return 0
 
