@@ -1,6 +1,7 @@
 """The long-horizon family "ledger": tasks, held-out split, the scripted expert, the environment."""
 
 import asyncio
+import itertools
 import random
 
 import pytest
@@ -37,6 +38,13 @@ def test_steps_sit_early_in_order_one_per_file():
         found = [s for text in task.files for s in parse_steps(text)]
         assert tuple(found) == task.spec
         assert [i for i, text in enumerate(task.files) if parse_steps(text)] == list(task.op_files)
+
+
+def test_no_step_can_be_forgotten():
+    for task in sample_tasks(CFG, 200, 5, False) + sample_tasks(CFG, 50, 5, True):
+        for k in range(len(task.spec)):
+            for fewer in itertools.combinations(task.spec, k):
+                assert any(evaluate(fewer, x) != y for x, y in task.tests)
 
 
 def test_reference_solution_passes_hidden_tests():

@@ -142,6 +142,16 @@ def expert_stats(cfg, window: int, n: int = 8) -> dict:
             "reward": [r.reward for r in results]}
 
 
+def expert_success(spec, tasks, setup: "WindowSetup", mode: str) -> float:
+    """The slip-free scripted expert's success on ``tasks`` in ``mode``, graded like the model:
+    the family's ceiling with summaries, and what a perfect reader keeps through a sliding
+    window (nothing: the steps are read windows before f is written)."""
+    from tidal.tasks.longhorizon_demos import play_expert
+
+    results = play_expert(tasks, setup.window, 0.0, 0, setup.harness(mode), env=spec.make)
+    return sum(r.reward >= 1.0 for r in results) / len(results)
+
+
 class WindowSetup:
     """Everything that depends on the window: the family's settings and the harness budgets."""
 
@@ -292,7 +302,8 @@ def run_window(model_dir: Path, setup: WindowSetup, bc: HorizonBenchConfig, sand
     before = Policy(model_dir, cfg, bc.lr)
     out = {"window": setup.window, "num_files": setup.ledger.num_files,
            "expert_effective_horizon": statistics.mean(setup.expert["effective_horizon"]),
-           "expert_resets": statistics.mean(setup.expert["resets"])}
+           "expert_resets": statistics.mean(setup.expert["resets"]),
+           "expert_success": {mode: expert_success(spec, heldout, setup, mode) for mode in MODES}}
     for mode in MODES:
         out[f"before_rl_{mode}"] = evaluate(before, spec, heldout, setup.harness(mode))
         log(f"W={setup.window} before RL, {mode}: success {out[f'before_rl_{mode}']['success']:.2f}")

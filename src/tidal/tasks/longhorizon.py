@@ -30,13 +30,14 @@ its canonical form falls in bucket 0.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
 from dataclasses import dataclass
 
 from tidal.tasks.family import CONST_RANGE, OP_BY_NAME, OPS, Task, _slip, canonical, evaluate, split_specs
 from tidal.tasks.longhorizon_config import LedgerConfig
 
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
 """Bump whenever task text, the expert or the demonstrations change (pretrain cache key)."""
 
 TEST_RANGE = (-30, 30)
@@ -138,8 +139,27 @@ def sample_tasks(cfg: LedgerConfig, n: int, seed: int, heldout: bool) -> list[Le
     """``n`` tasks from the training (heldout=False) or held-out (True) split; deterministic in
     (cfg, seed). Specs never cross splits; held-out specs are distinct."""
     rng = random.Random(f"ledger-{seed}-{'heldout' if heldout else 'train'}")
-    specs = split_specs(rng, n, (cfg.min_ops, cfg.max_ops), cfg.heldout_buckets, heldout, LEDGER_OPS)
-    return [make_task(spec, rng, cfg) for spec in specs]
+    specs = split_specs(rng, 20 * n + 100, (cfg.min_ops, cfg.max_ops), cfg.heldout_buckets, heldout,
+                        LEDGER_OPS)
+    tasks: list[LedgerTask] = []
+    for spec in specs:
+        task = make_task(spec, rng, cfg)
+        if every_step_matters(task):
+            tasks.append(task)
+        if len(tasks) == n:
+            return tasks
+    raise ValueError(f"could not draw {n} ledger tasks whose every step matters; lower the count")
+
+
+def every_step_matters(task: LedgerTask) -> bool:
+    """Whether no proper subsequence of the steps (none at all included) passes the hidden
+    tests: a task that fewer steps also pass (x // 1; max(x, 1) then max(x, 5); negating twice)
+    would reward an agent that forgot them."""
+    for k in range(len(task.spec)):
+        for fewer in itertools.combinations(task.spec, k):
+            if all(evaluate(fewer, x) == y for x, y in task.tests):
+                return False
+    return True
 
 
 # ---------------------------------------------------------------- the scripted expert

@@ -94,22 +94,24 @@ def demo_harness(window: int, harness: HarnessConfig | None = None) -> HarnessCo
                                    "max_tokens": 1_000_000})
 
 
-async def _play(task: LedgerTask, cfg: HarnessConfig, rng: random.Random, slip_rate: float):
+async def _play(task: LedgerTask, cfg: HarnessConfig, rng: random.Random, slip_rate: float, env):
     tok = ByteTokenizer()
-    env = LedgerEnvironment(None, Rubric([(_matches_reference, 1.0)]))
     max_turn = cfg.max_turn_tokens or EngineConfig().max_new_tokens  # as run_episodes decides
     episode = Episode(env, ExpertClient(tok, rng, slip_rate), tok, cfg, cfg.context_window, max_turn)
     return await episode.run(task)
 
 
 def play_expert(tasks: Iterable[LedgerTask], window: int, slip_rate: float, seed: int,
-                harness: HarnessConfig | None = None) -> list:
-    """The expert's episode (an ``EpisodeResult``) on each task, at context window ``window``."""
+                harness: HarnessConfig | None = None, env=None) -> list:
+    """The expert's episode (an ``EpisodeResult``) on each task, at context window ``window``.
+    ``env``: makes the environment (default: the ledger environment scored without the
+    sandbox; pass an EnvironmentSpec's ``make`` to grade as the model is graded)."""
     cfg = demo_harness(window, harness)
     rng = random.Random(f"ledger-expert-{seed}")
+    make = env or (lambda: LedgerEnvironment(None, Rubric([(_matches_reference, 1.0)])))
 
     async def all_of_them():
-        return [await _play(t, cfg, rng, slip_rate) for t in tasks]
+        return [await _play(t, cfg, rng, slip_rate, make()) for t in tasks]
 
     return asyncio.run(all_of_them())
 
