@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from tidal.env.longhorizon import NO_MORE_FILES, load_environment
+from tidal.env.longhorizon import NO_MORE_FILES, PARTIAL_CREDIT, load_environment
 from tidal.env.toolcall import format_call
 from tidal.sandbox import Sandbox
 from tidal.sandbox.config import SandboxConfig
@@ -118,11 +118,20 @@ def test_environment_pages_files_then_grades_the_submission(spec):
     assert [r.observation.split("\n")[0] for r in results[:2]] == ["m01.py (1/6)", "m02.py (2/6)"]
     assert results[len(task.files)].observation == NO_MORE_FILES
     assert not any(r.done for r in results[:-1])
-    assert results[-1].done and results[-1].reward == 1.0
+    assert results[-1].done and results[-1].reward == 1.0 + PARTIAL_CREDIT
 
 
 def test_environment_wrong_or_malformed_submission(spec):
     task = spec.sample_tasks(1, 0, False)[0]
-    _, results = play(spec, task, ["<call>{nope</call>", format_call("submit", {"code": "    return 0\n"})])
+    _, results = play(spec, task, ["<call>{nope</call>", format_call("submit", {"code": "return 0"})])
     assert "bad_json" in results[0].observation and not results[0].done
     assert results[1].done and results[1].reward == 0.0
+
+
+def test_partial_credit_for_steps_carried_stays_below_success(spec):
+    task = spec.sample_tasks(1, 0, False)[0]
+    first_only = code_text(task.spec[:1])
+    _, results = play(spec, task, [format_call("submit", {"code": first_only})])
+    assert 0.0 < results[0].reward < 1.0
+    _, results = play(spec, task, [format_call("submit", {"code": task.reference_solution})])
+    assert results[0].reward >= 1.0

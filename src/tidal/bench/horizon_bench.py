@@ -24,7 +24,8 @@ same kind of budget. Each step: G episodes on each of ``tasks_per_step`` trainin
 episode's advantage), weights copied into the engine.
 
 Figures: success = fraction of held-out episodes whose f passes every hidden test (one sample
-per task at the RL sampler). effective_horizon = the harness's transcript tokens / W of the
+per task at the RL sampler); the reward RL sees adds partial credit (< 1) for each step carried
+right, so GRPO has a signal before the first full success. effective_horizon = the harness's transcript tokens / W of the
 episodes run (mean and min), for the model and for the scripted expert. Budgets are wall-clock,
 so on a busy machine fewer RL steps fit; the JSON records the steps each run made.
 """
@@ -365,11 +366,20 @@ def summarize_result(bc: HorizonBenchConfig, windows: list[dict], mid: dict, qui
         "windows": bc.windows,
         "by_window": {str(w["window"]): w for w in windows},
         "midtrain": mid,
-        "budget": "quick" if quick else "full",
+        "budget": budget_label(bc, quick),
         "config": bc.model_dump(),
         "wall_s": wall_s,
         "torch": torch.__version__,
     }
+
+
+def budget_label(bc: HorizonBenchConfig, quick: bool) -> str:
+    """"full" only for the default budgets; "quick" for --quick; else "custom" (see config)."""
+    if quick:
+        return "quick"
+    budgets = ("demo_episodes", "pretrain_s", "rl_s", "rl_max_steps", "eval_tasks", "init_model")
+    default = HorizonBenchConfig()
+    return "full" if all(getattr(bc, k) == getattr(default, k) for k in budgets) else "custom"
 
 
 def print_table(r: dict) -> None:

@@ -25,6 +25,8 @@ from tidal.tasks.longhorizon import LedgerTask
 from tidal.tasks.longhorizon_config import LedgerConfig
 
 NO_MORE_FILES = "no more files"
+PARTIAL_CREDIT = 0.5
+"""Weight of steps_right; below 1, so reward >= 1 means every hidden test passed (success)."""
 
 
 def file_observation(task: LedgerTask, index: int) -> str:
@@ -65,6 +67,14 @@ class LedgerEnvironment(ToolEnvironment):
         return "submitted"
 
 
+def steps_right(task: LedgerTask, env: "LedgerEnvironment") -> float:
+    """Partial credit: the fraction of f's steps the submission has right, in place. Weighted
+    0.5 beside tests_pass, so a full success scores >= 1 and anything less < 1: GRPO gets a
+    signal from carrying one step of two before any episode passes every test."""
+    submitted = family.parse_code(env.submitted or "")
+    return sum(a == b for a, b in zip(submitted, task.spec)) / len(task.spec)
+
+
 def make_tests_pass(sandbox, slots: threading.BoundedSemaphore):
     """The rubric's one term: 1.0 when the submitted body passes every hidden test of f."""
 
@@ -83,7 +93,7 @@ def load_environment(sandbox, **settings) -> EnvironmentSpec:
     """``settings``: LedgerConfig fields (``env.args`` in the run config)."""
     cfg = LedgerConfig(**settings)
     slots = threading.BoundedSemaphore(sandbox.cfg.concurrency if sandbox is not None else 1)
-    rubric = Rubric([(make_tests_pass(sandbox, slots), 1.0)])
+    rubric = Rubric([(make_tests_pass(sandbox, slots), 1.0), (steps_right, PARTIAL_CREDIT)])
     return EnvironmentSpec(
         name="ledger",
         make=lambda: LedgerEnvironment(sandbox, rubric),
