@@ -8,7 +8,7 @@ from tidal.harness.episode import SUMMARY_CLOSE, SUMMARY_OPEN
 from tidal.model.tokenizer import ByteTokenizer
 from tidal.tasks.longhorizon import parse_code, sample_tasks
 from tidal.tasks.longhorizon_config import LedgerConfig
-from tidal.tasks.longhorizon_demos import (PAD, build_demo_corpus, padded_document, play_expert,
+from tidal.tasks.longhorizon_demos import (demo_rows, demo_segments, informative, play_expert,
                                            read_context, segment_text)
 
 WINDOW = 384
@@ -67,15 +67,27 @@ def test_slips_make_some_demonstrations_fail():
     assert 0.2 < solved < 0.9
 
 
-def test_corpus_is_one_padded_segment_per_row():
-    seq_len = WINDOW + 2
-    docs = build_demo_corpus(CFG, [WINDOW], 6, seed=0, seq_len=seq_len,
-                             harness=harness_for(WINDOW, "summarize"))
-    assert len(docs) >= 6 * 10
-    assert {len(d.encode()) + 2 for d in docs} == {seq_len}  # bos + text + eos fills one row
-    assert all(d.startswith("\nTools:") and d.rstrip(PAD)[-1] != PAD for d in docs)
+def test_rows_hold_one_segment_each_trained_on_the_expert_tokens_only(clean_episodes):
+    _, results = clean_episodes
+    segments = results[0].segments
+    pad = ByteTokenizer().pad_id
+    ids, mask = demo_rows(segments, WINDOW, pad)
+    assert ids.shape == mask.shape == (len(segments), WINDOW)
+    for row, m, seg in zip(ids, mask, segments):
+        n = len(seg.prompt_ids) + len(seg.completion_ids)
+        assert row[:n].tolist() == seg.prompt_ids + seg.completion_ids and set(row[n:].tolist()) <= {pad}
+        assert m[len(seg.prompt_ids): n].tolist() == seg.loss_mask and m.sum() == sum(seg.loss_mask)
     with pytest.raises(ValueError, match="does not fit"):
-        padded_document("x" * seq_len, seq_len)
+        demo_rows(segments, 64, pad)
+
+
+def test_demo_segments_keep_every_decision_and_as_many_copies():
+    segments = demo_segments(CFG, WINDOW, 4, seed=0, harness=harness_for(WINDOW, "summarize"))
+    assert all(segment_text(s).startswith("\nTools:") for s in segments)
+    decisions = sum(informative(s) for s in segments)
+    assert decisions >= 4 * 2  # two steps and a submit per episode (steps may share a segment)
+    firsts = sum(SUMMARY_OPEN not in ByteTokenizer().decode(s.prompt_ids) for s in segments)
+    assert firsts == 4 and len(segments) <= 2 * (decisions + firsts)
 
 
 def test_segment_text_round_trips_the_tokens(clean_episodes):
@@ -83,3 +95,23 @@ def test_segment_text_round_trips_the_tokens(clean_episodes):
     tok = ByteTokenizer()
     seg = results[0].segments[3]
     assert tok.encode(segment_text(seg), add_bos=True) == seg.prompt_ids + seg.completion_ids
+
+
+def test_masked_pretrain_step_counts_only_the_marked_targets():
+    import torch
+    import torch.nn.functional as F
+
+    from tidal.model import build_model
+    from tidal.model.presets import preset
+    from tidal.pretrain.config import PretrainConfig
+    from tidal.pretrain.loop import make_optimizer, train_step
+
+    model = build_model(preset("tiny"), seed=0)
+    batch = torch.randint(0, 256, (2, 12))
+    mask = torch.zeros(2, 12)
+    mask[0, 5:8] = 1.0
+    with torch.no_grad():
+        logits = model(batch[:, :-1])
+    expected = F.cross_entropy(logits[0, 4:7], batch[0, 5:8]).item()
+    loss = train_step(model, make_optimizer(model, PretrainConfig()), batch, 0.0, 1.0, "float32", mask)
+    assert abs(loss - expected) < 1e-5

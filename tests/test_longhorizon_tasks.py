@@ -1,11 +1,12 @@
 """The long-horizon family "ledger": tasks, held-out split, the scripted expert, the environment."""
 
 import asyncio
+import itertools
 import random
 
 import pytest
 
-from tidal.env.longhorizon import NO_MORE_FILES, load_environment
+from tidal.env.longhorizon import NO_MORE_FILES, PARTIAL_CREDIT, load_environment
 from tidal.env.toolcall import format_call
 from tidal.sandbox import Sandbox
 from tidal.sandbox.config import SandboxConfig
@@ -37,6 +38,13 @@ def test_steps_sit_early_in_order_one_per_file():
         found = [s for text in task.files for s in parse_steps(text)]
         assert tuple(found) == task.spec
         assert [i for i, text in enumerate(task.files) if parse_steps(text)] == list(task.op_files)
+
+
+def test_no_step_can_be_forgotten():
+    for task in sample_tasks(CFG, 200, 5, False) + sample_tasks(CFG, 50, 5, True):
+        for k in range(len(task.spec)):
+            for fewer in itertools.combinations(task.spec, k):
+                assert any(evaluate(fewer, x) != y for x, y in task.tests)
 
 
 def test_reference_solution_passes_hidden_tests():
@@ -110,11 +118,20 @@ def test_environment_pages_files_then_grades_the_submission(spec):
     assert [r.observation.split("\n")[0] for r in results[:2]] == ["m01.py (1/6)", "m02.py (2/6)"]
     assert results[len(task.files)].observation == NO_MORE_FILES
     assert not any(r.done for r in results[:-1])
-    assert results[-1].done and results[-1].reward == 1.0
+    assert results[-1].done and results[-1].reward == 1.0 + PARTIAL_CREDIT
 
 
 def test_environment_wrong_or_malformed_submission(spec):
     task = spec.sample_tasks(1, 0, False)[0]
-    _, results = play(spec, task, ["<call>{nope</call>", format_call("submit", {"code": "    return 0\n"})])
+    _, results = play(spec, task, ["<call>{nope</call>", format_call("submit", {"code": "return 0"})])
     assert "bad_json" in results[0].observation and not results[0].done
     assert results[1].done and results[1].reward == 0.0
+
+
+def test_partial_credit_for_steps_carried_stays_below_success(spec):
+    task = spec.sample_tasks(1, 0, False)[0]
+    first_only = code_text(task.spec[:1])
+    _, results = play(spec, task, [format_call("submit", {"code": first_only})])
+    assert 0.0 < results[0].reward < 1.0
+    _, results = play(spec, task, [format_call("submit", {"code": task.reference_solution})])
+    assert results[0].reward >= 1.0

@@ -13,9 +13,9 @@ context windows before f is written), at each context window W:
 
 The peer is plain truncation: the harness's sliding window (keep the head and the newest turns)
 with the same model, the same mid-training, the same RL algorithm and the same wall-clock budget.
-Mid-training is next-token prediction on the scripted expert's episodes at every window, in the
-harness's own token format, summaries included (tidal.tasks.longhorizon_demos); its summaries
-slip now and then, so the model before RL keeps facts only most of the time.
+Mid-training is next-token prediction of the scripted expert's turns and summaries in its
+episodes at every window, in the harness's own token format (tidal.tasks.longhorizon_demos); its
+summaries slip now and then, so the model before RL keeps facts only most of the time.
 
 The RL loop here is synchronous and in-process (one engine, one trainer, no Ray): on 2 cores the
 orchestrator's workers would only compete with the trainer, and both modes must see exactly the
@@ -24,7 +24,8 @@ same kind of budget. Each step: G episodes on each of ``tasks_per_step`` trainin
 episode's advantage), weights copied into the engine.
 
 Figures: success = fraction of held-out episodes whose f passes every hidden test (one sample
-per task at the RL sampler). effective_horizon = the harness's transcript tokens / W of the
+per task at the RL sampler); the reward RL sees adds partial credit (< 1) for each step carried
+right, so GRPO has a signal before the first full success. effective_horizon = the harness's transcript tokens / W of the
 episodes run (mean and min), for the model and for the scripted expert. Budgets are wall-clock,
 so on a busy machine fewer RL steps fit; the JSON records the steps each run made.
 """
@@ -61,7 +62,7 @@ class HorizonBenchConfig(Section):
     """Files per task are chosen so the expert's episode is at least this many windows long."""
     preset: str = "tiny"
     """Model size (tidal.model.presets)."""
-    demo_episodes: int = Field(1600, ge=2)
+    demo_episodes: int = Field(4000, ge=2)
     """Expert episodes rendered for mid-training, spread over the windows."""
     slip_rate: float = Field(0.03, ge=0.0, lt=1.0)
     """Chance that each expert summary drops or garbles a step (LedgerConfig.summary_slip_rate)."""
@@ -90,9 +91,12 @@ class HorizonBenchConfig(Section):
     seed: int = 0
     cache_dir: str = ".cache/tidal/horizon"
     """Mid-trained models are cached here, keyed by what made them."""
+    init_model: str | None = None
+    """A mid-trained model folder to start from instead of mid-training (its corpus must match
+    the windows and family settings; the JSON then says so)."""
 
 
-QUICK = {"demo_episodes": 600, "pretrain_s": 150.0, "rl_s": 45.0, "eval_tasks": 16}
+QUICK = {"demo_episodes": 2000, "pretrain_s": 150.0, "rl_s": 45.0, "eval_tasks": 16}
 """--quick: shorter budgets (figures from these are marked "quick" in the JSON)."""
 
 
@@ -139,6 +143,16 @@ def expert_stats(cfg, window: int, n: int = 8) -> dict:
             "reward": [r.reward for r in results]}
 
 
+def expert_success(spec, tasks, setup: "WindowSetup", mode: str) -> float:
+    """The slip-free scripted expert's success on ``tasks`` in ``mode``, graded like the model:
+    the family's ceiling with summaries, and what a perfect reader keeps through a sliding
+    window (nothing: the steps are read windows before f is written)."""
+    from tidal.tasks.longhorizon_demos import play_expert
+
+    results = play_expert(tasks, setup.window, 0.0, 0, setup.harness(mode), env=spec.make)
+    return sum(r.reward >= 1.0 for r in results) / len(results)
+
+
 class WindowSetup:
     """Everything that depends on the window: the family's settings and the harness budgets."""
 
@@ -163,13 +177,13 @@ def tidal_config(bc: HorizonBenchConfig):
     from tidal.model.presets import preset
 
     longest = max(bc.windows)
-    model = preset(bc.preset).model_copy(update={"max_position_embeddings": longest + 8})
+    model = preset(bc.preset).model_copy(update={"max_position_embeddings": longest})
     return TidalConfig.model_validate({
         "model": model.model_dump(),
         "engine": {"max_seq_len": longest, "max_new_tokens": 96, "temperature": bc.temperature,
                    "max_batch_size": bc.tasks_per_step * bc.group_size + bc.eval_tasks,
                    "seed": bc.seed},
-        "pretrain": {"seq_len": longest + 2, "batch_size": bc.pretrain_batch, "lr": bc.pretrain_lr,
+        "pretrain": {"seq_len": longest, "batch_size": bc.pretrain_batch, "lr": bc.pretrain_lr,
                      "time_budget_s": bc.pretrain_s, "max_steps": 1_000_000, "warmup_steps": 30,
                      "num_threads": bc.threads, "log_every": 50},
         "orchestrator": {"seed": bc.seed},
@@ -193,23 +207,24 @@ def midtrain(bc: HorizonBenchConfig, setups: list[WindowSetup], progress: bool) 
     from tidal.fsutil import replace_dir
     from tidal.model.checkpoint import COMPLETE_MARKER
     from tidal.pretrain.loop import METRICS_FILE, MODEL_DIR, pretrain
-    from tidal.tasks.longhorizon_demos import build_demo_corpus
+    from tidal.model.tokenizer import ByteTokenizer
+    from tidal.tasks.longhorizon_demos import demo_rows, demo_segments
 
     root = Path(bc.cache_dir) / midtrain_key(bc, setups)
     if (root / MODEL_DIR / COMPLETE_MARKER).is_file():
         return root / MODEL_DIR, json.loads((root / "midtrain.json").read_text())
     cfg = tidal_config(bc)
     t0 = time.perf_counter()
-    docs = []
+    segments = []
     per_window = max(1, bc.demo_episodes // len(setups))
     for i, s in enumerate(setups):
-        docs += build_demo_corpus(s.ledger, [s.window], per_window, bc.seed + i,
-                                  cfg.pretrain.seq_len, s.harness("summarize"))
+        segments += demo_segments(s.ledger, s.window, per_window, bc.seed + i, s.harness("summarize"))
+    rows = demo_rows(segments, cfg.pretrain.seq_len, ByteTokenizer().pad_id)
     corpus_s = time.perf_counter() - t0
     staging = root.parent / f".{root.name}.tmp-{uuid.uuid4().hex[:8]}"
-    pretrain(cfg, staging, docs=docs, progress=progress)
+    pretrain(cfg, staging, rows=rows, progress=progress)
     curve = [json.loads(line) for line in (staging / METRICS_FILE).read_text().splitlines()]
-    facts = {"documents": len(docs), "episodes": per_window * len(setups), "corpus_s": corpus_s,
+    facts = {"segments": len(segments), "episodes": per_window * len(setups), "corpus_s": corpus_s,
              "steps": curve[-1]["step"], "final_loss": curve[-1]["loss"],
              "train_s": curve[-1]["elapsed_s"]}
     (staging / "midtrain.json").write_text(json.dumps(facts))
@@ -288,7 +303,8 @@ def run_window(model_dir: Path, setup: WindowSetup, bc: HorizonBenchConfig, sand
     before = Policy(model_dir, cfg, bc.lr)
     out = {"window": setup.window, "num_files": setup.ledger.num_files,
            "expert_effective_horizon": statistics.mean(setup.expert["effective_horizon"]),
-           "expert_resets": statistics.mean(setup.expert["resets"])}
+           "expert_resets": statistics.mean(setup.expert["resets"]),
+           "expert_success": {mode: expert_success(spec, heldout, setup, mode) for mode in MODES}}
     for mode in MODES:
         out[f"before_rl_{mode}"] = evaluate(before, spec, heldout, setup.harness(mode))
         log(f"W={setup.window} before RL, {mode}: success {out[f'before_rl_{mode}']['success']:.2f}")
@@ -315,7 +331,10 @@ def run_horizon_bench(bc: HorizonBenchConfig, json_path: str | Path | None = Non
     torch.manual_seed(bc.seed)
     with torch_threads(bc.threads):
         setups = [WindowSetup(w, bc) for w in bc.windows]
-        model_dir, mid = midtrain(bc, setups, progress)
+        if bc.init_model:
+            model_dir, mid = Path(bc.init_model), {"given": bc.init_model}
+        else:
+            model_dir, mid = midtrain(bc, setups, progress)
         log(f"mid-trained: {mid}")
         sandbox = Sandbox(SandboxConfig())
         windows = [run_window(model_dir, s, bc, sandbox, log) for s in setups]
@@ -347,11 +366,20 @@ def summarize_result(bc: HorizonBenchConfig, windows: list[dict], mid: dict, qui
         "windows": bc.windows,
         "by_window": {str(w["window"]): w for w in windows},
         "midtrain": mid,
-        "budget": "quick" if quick else "full",
+        "budget": budget_label(bc, quick),
         "config": bc.model_dump(),
         "wall_s": wall_s,
         "torch": torch.__version__,
     }
+
+
+def budget_label(bc: HorizonBenchConfig, quick: bool) -> str:
+    """"full" only for the default budgets; "quick" for --quick; else "custom" (see config)."""
+    if quick:
+        return "quick"
+    budgets = ("demo_episodes", "pretrain_s", "rl_s", "rl_max_steps", "eval_tasks", "init_model")
+    default = HorizonBenchConfig()
+    return "full" if all(getattr(bc, k) == getattr(default, k) for k in budgets) else "custom"
 
 
 def print_table(r: dict) -> None:
@@ -376,15 +404,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rl-s", type=float, help="RL seconds per run")
     parser.add_argument("--pretrain-s", type=float, help="mid-training seconds")
     parser.add_argument("--threads", type=int, help="torch threads")
+    parser.add_argument("--eval-tasks", type=int, help="held-out tasks per evaluation")
+    parser.add_argument("--init-model", help="a mid-trained model folder (skips mid-training)")
 
 
 def run_from_args(args) -> int:
     overrides = dict(QUICK) if args.quick else {}
     if args.windows:
         overrides["windows"] = [int(w) for w in args.windows.split(",")]
-    for flag, key in (("rl_s", "rl_s"), ("pretrain_s", "pretrain_s"), ("threads", "threads")):
-        if getattr(args, flag) is not None:
-            overrides[key] = getattr(args, flag)
+    for key in ("rl_s", "pretrain_s", "threads", "eval_tasks", "init_model"):
+        if getattr(args, key) is not None:
+            overrides[key] = getattr(args, key)
     run_horizon_bench(HorizonBenchConfig(**overrides), args.json, quick=args.quick)
     return 0
 

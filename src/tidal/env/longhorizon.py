@@ -13,18 +13,20 @@ listing and the task sentence.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 
 from tidal.env.rubric import Rubric
 from tidal.env.spec import EnvironmentSpec
 from tidal.env.tool_env import ToolEnvironment
+from tidal.env.tools import run_blocking
 from tidal.tasks import longhorizon as family
 from tidal.tasks.grading import grade_many
 from tidal.tasks.longhorizon import LedgerTask
 from tidal.tasks.longhorizon_config import LedgerConfig
 
 NO_MORE_FILES = "no more files"
+PARTIAL_CREDIT = 0.5
+"""Weight of steps_right; below 1, so reward >= 1 means every hidden test passed (success)."""
 
 
 def file_observation(task: LedgerTask, index: int) -> str:
@@ -65,6 +67,14 @@ class LedgerEnvironment(ToolEnvironment):
         return "submitted"
 
 
+def steps_right(task: LedgerTask, env: "LedgerEnvironment") -> float:
+    """Partial credit: the fraction of f's steps the submission has right, in place. Weighted
+    0.5 beside tests_pass, so a full success scores >= 1 and anything less < 1: GRPO gets a
+    signal from carrying one step of two before any episode passes every test."""
+    submitted = family.parse_code(env.submitted or "")
+    return sum(a == b for a, b in zip(submitted, task.spec)) / len(task.spec)
+
+
 def make_tests_pass(sandbox, slots: threading.BoundedSemaphore):
     """The rubric's one term: 1.0 when the submitted body passes every hidden test of f."""
 
@@ -74,7 +84,7 @@ def make_tests_pass(sandbox, slots: threading.BoundedSemaphore):
                 body = family.body_text(env.submitted or "")
                 return grade_many(sandbox, [task.function_task()], [body])[0].reward
 
-        return await asyncio.to_thread(grade)
+        return await run_blocking(grade)
 
     return tests_pass
 
@@ -83,7 +93,7 @@ def load_environment(sandbox, **settings) -> EnvironmentSpec:
     """``settings``: LedgerConfig fields (``env.args`` in the run config)."""
     cfg = LedgerConfig(**settings)
     slots = threading.BoundedSemaphore(sandbox.cfg.concurrency if sandbox is not None else 1)
-    rubric = Rubric([(make_tests_pass(sandbox, slots), 1.0)])
+    rubric = Rubric([(make_tests_pass(sandbox, slots), 1.0), (steps_right, PARTIAL_CREDIT)])
     return EnvironmentSpec(
         name="ledger",
         make=lambda: LedgerEnvironment(sandbox, rubric),

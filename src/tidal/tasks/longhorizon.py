@@ -1,24 +1,27 @@
 """The long-horizon task family "ledger": facts read early are needed late, many windows later.
 
 A task is a small repository of ``num_files`` files read one at a time (the environment keeps
-the cursor, as a pager does). A few files each hold one step of a function ``f`` as a comment,
-in order ("# f: multiply by five"); the rest is unrelated code. After the last file the agent
-submits the body of ``def f(x):`` applying every step in file order, graded by hidden tests run
-in the sandbox (the funcs family's grader). Example file:
+the cursor, as a pager does). A few files each hold one step of a function ``f`` as a marked
+comment, in order; the rest is unrelated code. After the last file the agent submits f's code,
+every step in file order on one line ("x = x // 7; x = min(x, 3)"), graded by hidden tests run
+in the sandbox (the funcs family's grader). Example file, as ``next_file`` shows it:
 
-    m03.py (3/24)
+    m03.py (3/38)
     def scale_3(v):
         return v * 4
-    # f: multiply by five
-    LIMIT_3 = 7
+    # f: x = x // 7
 
 Why it needs memory: the steps sit in the first ``op_zone`` of the files, so when ``f`` is
 written they are many context windows back. A sliding window has dropped them by construction;
-an agent that summarises its progress ("f so far: x = x * 5") carries them across resets.
+an agent that summarises its progress (its summary is f's code so far) carries them across
+resets, if every summary copies the last one and adds the new steps faithfully.
 
-Why a tiny byte-level model can learn it on a CPU: each action is short and formulaic (open the
-next file; write a summary that copies the code so far plus the new step; submit that code), and
-a step's words map to one line of code exactly as in the funcs family.
+Why a tiny byte-level model can learn it on a CPU in minutes: every action is short and
+formulaic (open the next file; a summary that copies the code so far and appends the steps seen
+since; a submit that copies the code), so what there is to learn is exactly the long-horizon
+part: carry the facts through a dozen or more resets. (Steps first stated in words, "multiply by
+five", as the funcs family does, were not learned within a 10-minute mid-training: the word to
+code mapping is rare in the episodes, one or two lines in ~20 summaries.)
 
 The held-out split is disjoint by construction, as in funcs: a spec is held out iff a hash of
 its canonical form falls in bucket 0.
@@ -27,14 +30,14 @@ its canonical form falls in bucket 0.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
 from dataclasses import dataclass
 
-from tidal.tasks.family import (CONST_RANGE, NUMBER_WORDS, OP_BY_NAME, OPS, Task, _slip,
-                                canonical, evaluate, split_specs)
+from tidal.tasks.family import CONST_RANGE, OP_BY_NAME, OPS, Task, _slip, canonical, evaluate, split_specs
 from tidal.tasks.longhorizon_config import LedgerConfig
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 3
 """Bump whenever task text, the expert or the demonstrations change (pretrain cache key)."""
 
 TEST_RANGE = (-30, 30)
@@ -88,10 +91,6 @@ class LedgerTask:
         return Task(self.task_id, self.level, self.spec, FUNCTION_HEADER, self.tests)
 
 
-def step_phrase(name: str, c: int) -> str:
-    return OP_BY_NAME[name][1].format(c=NUMBER_WORDS[c])
-
-
 def statement(name: str, c: int) -> str:
     return OP_BY_NAME[name][2].format(c=c)
 
@@ -115,7 +114,7 @@ def file_text(index: int, step: tuple[str, int] | None, rng: random.Random, fill
     random place among them."""
     lines = [rng.choice(FILLER).format(k=index + 1, c=rng.randint(*CONST_RANGE)) for _ in range(filler_lines)]
     if step is not None:
-        lines.insert(rng.randint(0, len(lines)), STEP_MARK + step_phrase(*step))
+        lines.insert(rng.randint(0, len(lines)), STEP_MARK + statement(*step))
     return "\n".join(lines) + "\n"
 
 
@@ -140,8 +139,27 @@ def sample_tasks(cfg: LedgerConfig, n: int, seed: int, heldout: bool) -> list[Le
     """``n`` tasks from the training (heldout=False) or held-out (True) split; deterministic in
     (cfg, seed). Specs never cross splits; held-out specs are distinct."""
     rng = random.Random(f"ledger-{seed}-{'heldout' if heldout else 'train'}")
-    specs = split_specs(rng, n, (cfg.min_ops, cfg.max_ops), cfg.heldout_buckets, heldout, LEDGER_OPS)
-    return [make_task(spec, rng, cfg) for spec in specs]
+    specs = split_specs(rng, 20 * n + 100, (cfg.min_ops, cfg.max_ops), cfg.heldout_buckets, heldout,
+                        LEDGER_OPS)
+    tasks: list[LedgerTask] = []
+    for spec in specs:
+        task = make_task(spec, rng, cfg)
+        if every_step_matters(task):
+            tasks.append(task)
+        if len(tasks) == n:
+            return tasks
+    raise ValueError(f"could not draw {n} ledger tasks whose every step matters; lower the count")
+
+
+def every_step_matters(task: LedgerTask) -> bool:
+    """Whether no proper subsequence of the steps (none at all included) passes the hidden
+    tests: a task that fewer steps also pass (x // 1; max(x, 1) then max(x, 5); negating twice)
+    would reward an agent that forgot them."""
+    for k in range(len(task.spec)):
+        for fewer in itertools.combinations(task.spec, k):
+            if all(evaluate(fewer, x) == y for x, y in task.tests):
+                return False
+    return True
 
 
 # ---------------------------------------------------------------- the scripted expert
@@ -153,15 +171,14 @@ def _all_steps(constants: range):
             yield name, c
 
 
-PHRASE_TO_STEP = {step_phrase(n, c): (n, c) for n, c in _all_steps(range(CONST_RANGE[0], CONST_RANGE[1] + 1))}
 STATEMENT_TO_STEP = {statement(n, c): (n, c) for n, c in _all_steps(range(0, CONST_RANGE[1] + 2))}
 """Every statement a summary may hold (constants 0..10: a slip can push one out of range)."""
 
 
 def parse_steps(text: str) -> list[tuple[str, int]]:
     """The steps named by '# f:' comments in a file's text, in order."""
-    return [PHRASE_TO_STEP[line[len(STEP_MARK):]] for line in text.splitlines()
-            if line.startswith(STEP_MARK) and line[len(STEP_MARK):] in PHRASE_TO_STEP]
+    return [STATEMENT_TO_STEP[line[len(STEP_MARK):]] for line in text.splitlines()
+            if line.startswith(STEP_MARK) and line[len(STEP_MARK):] in STATEMENT_TO_STEP]
 
 
 def parse_code(code: str) -> list[tuple[str, int]]:

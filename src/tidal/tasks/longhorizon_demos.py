@@ -12,9 +12,11 @@ found so far ("x = x * 5; x = x + 7"); with probability ``summary_slip_rate`` th
 the episode then ends with a wrong f, so the mid-trained model keeps facts only most of the time
 and RL has something to fix.
 
-Documents: one per segment (the context window the model saw, as text), padded after its last
-token to a fixed length so that packing puts exactly one segment in each row: a row cut through
-a segment would teach the model to act without the summary it was given.
+Mid-training rows: one per segment (the context window the model saw), padded to a fixed length,
+with the segment's own loss mask: only the expert's turns and summaries are trained on, exactly
+as RL trains the model's. (Trained on, the harness-written ``<summary>`` block that follows the
+head in every later context would be what the model writes where its first turn begins; and a
+row cut through a segment would teach it to act without the summary it was given.)
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Iterable
+
+import torch
 
 from tidal.engine.config import EngineConfig
 from tidal.engine.request import GenerationRequest, GenerationResult
@@ -35,9 +39,6 @@ from tidal.tasks import longhorizon as family
 from tidal.tasks.longhorizon import LedgerTask
 from tidal.tasks.longhorizon_config import LedgerConfig
 from tidal.types import Segment
-
-PAD = "\x00"
-"""Fills a document after its segment (never generated: every turn ends at a stop string first)."""
 
 def read_context(context: str) -> tuple[str | None, list[str]]:
     """The summary carried into ``context`` (None if none) and the observations shown after it."""
@@ -93,48 +94,67 @@ def demo_harness(window: int, harness: HarnessConfig | None = None) -> HarnessCo
                                    "max_tokens": 1_000_000})
 
 
-async def _play(task: LedgerTask, cfg: HarnessConfig, rng: random.Random, slip_rate: float):
+async def _play(task: LedgerTask, cfg: HarnessConfig, rng: random.Random, slip_rate: float, env):
     tok = ByteTokenizer()
-    env = LedgerEnvironment(None, Rubric([(_matches_reference, 1.0)]))
     max_turn = cfg.max_turn_tokens or EngineConfig().max_new_tokens  # as run_episodes decides
     episode = Episode(env, ExpertClient(tok, rng, slip_rate), tok, cfg, cfg.context_window, max_turn)
     return await episode.run(task)
 
 
 def play_expert(tasks: Iterable[LedgerTask], window: int, slip_rate: float, seed: int,
-                harness: HarnessConfig | None = None) -> list:
-    """The expert's episode (an ``EpisodeResult``) on each task, at context window ``window``."""
+                harness: HarnessConfig | None = None, env=None) -> list:
+    """The expert's episode (an ``EpisodeResult``) on each task, at context window ``window``.
+    ``env``: makes the environment (default: the ledger environment scored without the
+    sandbox; pass an EnvironmentSpec's ``make`` to grade as the model is graded)."""
     cfg = demo_harness(window, harness)
     rng = random.Random(f"ledger-expert-{seed}")
+    make = env or (lambda: LedgerEnvironment(None, Rubric([(_matches_reference, 1.0)])))
 
     async def all_of_them():
-        return [await _play(t, cfg, rng, slip_rate) for t in tasks]
+        return [await _play(t, cfg, rng, slip_rate, make()) for t in tasks]
 
     return asyncio.run(all_of_them())
 
 
 def segment_text(segment: Segment) -> str:
-    """The segment's context as text (the byte tokenizer's bos is the document's own bos)."""
+    """The segment's context as text (without the bos token)."""
     return ByteTokenizer().decode(segment.prompt_ids + segment.completion_ids)
 
 
-def padded_document(text: str, seq_len: int) -> str:
-    """``text`` padded so that bos + text + eos is exactly ``seq_len`` tokens."""
-    room = seq_len - 2 - len(text.encode("utf-8"))
-    if room < 0:
-        raise ValueError(f"a segment of {len(text)} bytes does not fit pretrain.seq_len {seq_len}")
-    return text + PAD * room
+def demo_rows(segments: list[Segment], seq_len: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mid-training rows: ids [N, seq_len] (each segment's prompt + completion, padded with
+    ``pad_id``) and loss_mask [N, seq_len] (1 at the tokens the expert wrote)."""
+    ids = torch.full((len(segments), seq_len), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(segments), seq_len)
+    for i, seg in enumerate(segments):
+        tokens = seg.prompt_ids + seg.completion_ids
+        if len(tokens) > seq_len:
+            raise ValueError(f"a segment of {len(tokens)} tokens does not fit pretrain.seq_len {seq_len}")
+        ids[i, : len(tokens)] = torch.tensor(tokens)
+        mask[i, len(seg.prompt_ids): len(tokens)] = torch.tensor(seg.loss_mask, dtype=torch.float32)
+    return ids, mask
 
 
-def build_demo_corpus(cfg: LedgerConfig, windows: list[int], n_episodes: int, seed: int,
-                      seq_len: int, harness: HarnessConfig | None = None) -> list[str]:
-    """Mid-training documents: ``n_episodes`` expert episodes on training-split tasks, spread
-    evenly over ``windows``, one padded document per segment (see the module docstring)."""
+def informative(segment: Segment) -> bool:
+    """Whether the segment holds a decision beyond copying: a step to add to the summary, or
+    the submission."""
+    text = ByteTokenizer().decode(segment.completion_ids)
+    return family.STEP_MARK in text or '"submit"' in text
+
+
+def demo_segments(cfg: LedgerConfig, window: int, n_episodes: int, seed: int,
+                  harness: HarnessConfig | None = None) -> list[Segment]:
+    """Segments of ``n_episodes`` expert episodes on training-split tasks at ``window`` (with the
+    expert's summary slips), shuffled: every informative one and as many of the others (which
+    only copy the summary on), each episode's first included. Most segments of an episode only
+    copy; kept in full they would leave the steps that matter ~1 row in 10."""
+    rng = random.Random(seed)
     tasks = family.sample_tasks(cfg, n_episodes, seed + 1_000_003, heldout=False)
-    docs: list[str] = []
-    for w, window in enumerate(windows):
-        for result in play_expert(tasks[w::len(windows)], window, cfg.summary_slip_rate, seed + w,
-                                  harness):
-            docs += [padded_document(segment_text(s), seq_len) for s in result.segments]
-    random.Random(seed).shuffle(docs)
-    return docs
+    results = play_expert(tasks, window, cfg.summary_slip_rate, seed, harness)
+    kept, others = [], []
+    for r in results:
+        for i, seg in enumerate(r.segments):
+            (kept if i == 0 or informative(seg) else others).append(seg)
+    segments = kept + rng.sample(others, min(len(others), len(kept)))
+    rng.shuffle(segments)
+    return segments
