@@ -20,6 +20,13 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write a small file (a LATEST pointer, a blob) via a hidden temp file and a rename."""
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
 def replace_dir(src: Path, dst: Path) -> None:
     """Rename ``src`` to ``dst``; an existing ``dst`` is moved aside first and deleted after."""
     old = None

@@ -149,7 +149,7 @@ def subscribed_delivery(py: str, origin_root: Path, url: str, prev_version: int,
     its forms were written beforehand, the encode is not part of delivery); the subscriber's
     timeline is taken relative to that moment. Then a second, polling puller (same warm
     connections) pulls the same version, timed from its call."""
-    from tidal.sync.store import write_atomic
+    from tidal.fsutil import write_atomic
 
     latest = origin_root / "LATEST"
     write_atomic(latest, str(prev_version).encode())

@@ -15,11 +15,11 @@ import shutil
 import uuid
 from pathlib import Path
 
-from tidal.fsutil import replace_dir
+from tidal.fsutil import replace_dir, write_atomic
 from tidal.sync.apply import verify
 from tidal.sync.errors import SyncError, VerificationError
 from tidal.sync.manifest import WeightManifest
-from tidal.sync.store import disk_full_error, write_atomic
+from tidal.sync.store import disk_full_error
 from tidal.sync.tensors import TensorBits, read_safetensors_folder, write_safetensors_files
 
 COMPLETE_MARKER = "tidal_complete"

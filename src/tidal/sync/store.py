@@ -18,16 +18,11 @@ import shutil
 import uuid
 from pathlib import Path
 
+from tidal.fsutil import replace_dir, write_atomic
 from tidal.sync.errors import SyncError
 from tidal.sync.manifest import WeightManifest
 
 KINDS = ("delta", "anchor")
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def disk_full_error(err: OSError, where: Path) -> SyncError:
@@ -72,9 +67,7 @@ class VersionStore:
                 f.flush()
                 os.fsync(f.fileno())
             (staging / "manifest.json").write_bytes(manifest.to_json())
-            if final.exists():
-                shutil.rmtree(final)
-            staging.rename(final)
+            replace_dir(staging, final)
         except OSError as e:
             shutil.rmtree(staging, ignore_errors=True)
             raise disk_full_error(e, self.root) from None
