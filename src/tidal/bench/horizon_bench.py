@@ -191,11 +191,15 @@ def tidal_config(bc: HorizonBenchConfig):
 
 
 def midtrain_key(bc: HorizonBenchConfig, setups: list[WindowSetup]) -> str:
+    """Hashes what makes the mid-trained model: the demonstrations' settings and the model and
+    pretrain sections ``tidal_config`` builds (all of them, as tidal.pretrain.cache does)."""
+    from tidal.pretrain.cache import NOT_HASHED
     from tidal.tasks import longhorizon
 
-    what = {"bench": bc.model_dump(include={"windows", "horizon", "preset", "demo_episodes",
-                                            "slip_rate", "pretrain_s", "pretrain_lr",
-                                            "pretrain_batch", "seed", "threads"}),
+    cfg = tidal_config(bc)
+    what = {"bench": bc.model_dump(include={"windows", "horizon", "demo_episodes", "slip_rate", "seed"}),
+            "model": cfg.model.model_dump(mode="json"),
+            "pretrain": cfg.pretrain.model_dump(mode="json", exclude=NOT_HASHED["pretrain"]),
             "ledger": [s.ledger.model_dump() for s in setups],
             "harness": [s.harness("summarize").model_dump() for s in setups],
             "generator": longhorizon.GENERATOR_VERSION, "tidal": tidal.__version__}
