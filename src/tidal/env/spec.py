@@ -25,8 +25,11 @@ class EnvironmentSpec:
     sample_tasks: ``(n, seed, heldout) -> list[task]``, deterministic in its arguments; training
         (heldout=False) and held-out tasks never overlap.
     build_corpus: optional ``(n_docs, seed) -> list[str]``: mid-training documents from the
-        training split (``tidal pretrain`` uses it when no corpus files are given).
-    corpus_version: bump when the corpus text changes (part of the pretrain cache key).
+        training split. Not read yet: ``tidal pretrain`` (``pretrain.loop.corpus_documents``)
+        still builds the funcs family's corpus whatever ``env.name`` says; the ledger
+        benchmark mid-trains on its own demonstrations.
+    corpus_version: bump when the corpus text changes (meant for the pretrain cache key, which
+        today uses the funcs family's GENERATOR_VERSION).
     """
 
     name: str
