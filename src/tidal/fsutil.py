@@ -1,7 +1,9 @@
-"""Atomic folder hand-offs shared by every writer of folders (model, trainer checkpoints, weights).
+"""Atomic hand-offs shared by every writer of folders (model, trainer checkpoints, weights) and
+of small files (JSON results, reports, pointers).
 
-A folder is written under a hidden staging name beside its target and renamed into place, so a
-reader sees either the previous complete folder or the new complete one, never a half-written one.
+A folder or file is written under a hidden staging name beside its target and renamed into
+place, so a reader sees either the previous complete one or the new complete one, never a
+half-written one.
 """
 
 from __future__ import annotations
@@ -30,3 +32,12 @@ def replace_dir(src: Path, dst: Path) -> None:
     fsync_dir(dst.parent)
     if old is not None:
         shutil.rmtree(old)
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` via a hidden temp file beside it and a rename."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path

@@ -15,9 +15,10 @@ chooses (``open_weight_publisher`` on the driver, ``open_weight_source`` in each
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
+
+from tidal.fsutil import write_text_atomic
 
 
 class FilesystemWeightStore:
@@ -42,9 +43,7 @@ class FilesystemWeightStore:
 
         folder = self.folder(version)
         save_pretrained(model, folder)
-        tmp = self.root / f".LATEST.{os.getpid()}"
-        tmp.write_text(str(version))
-        os.replace(tmp, self.root / "LATEST")
+        write_text_atomic(self.root / "LATEST", str(version))
         self._collect_garbage(version)
         return folder
 
