@@ -1,7 +1,9 @@
-"""Atomic folder hand-offs shared by every writer of folders (model, trainer checkpoints, weights).
+"""Atomic hand-offs shared by every writer of folders (model, trainer checkpoints, weights) and
+of small files (JSON results, reports, pointers).
 
-A folder is written under a hidden staging name beside its target and renamed into place, so a
-reader sees either the previous complete folder or the new complete one, never a half-written one.
+A folder or file is written under a hidden staging name beside its target and renamed into
+place, so a reader sees either the previous complete one or the new complete one, never a
+half-written one.
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write a small file (a LATEST pointer, a blob) via a hidden temp file and a rename."""
+def write_atomic(path: str | Path, data: bytes) -> Path:
+    """Write a small file (a LATEST pointer, a blob, a JSON result) via a hidden temp file beside
+    it and a rename."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+    return path
 
 
 def replace_dir(src: Path, dst: Path) -> None:
@@ -37,3 +42,8 @@ def replace_dir(src: Path, dst: Path) -> None:
     fsync_dir(dst.parent)
     if old is not None:
         shutil.rmtree(old)
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """``write_atomic`` for text (UTF-8)."""
+    return write_atomic(path, text.encode("utf-8"))

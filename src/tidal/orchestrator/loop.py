@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import time
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
@@ -40,6 +39,7 @@ import torch
 
 from tidal.config import TidalConfig
 from tidal.env import EnvironmentSpec
+from tidal.fsutil import write_text_atomic
 from tidal.orchestrator.evaluate import heldout_pass1
 from tidal.orchestrator.pool import LocalPool, OrchestratorError, RayPool
 from tidal.orchestrator.weights import open_weight_publisher
@@ -394,9 +394,7 @@ def trim_metrics(path: Path, state: RunState) -> None:
         if r.get("kind") in ("worker", "worker_failure") and r.get("end_s", r.get("wall_s", 0)) > state.rl_wall_s:
             continue
         keep.append(json.dumps(r, sort_keys=True))
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(line + "\n" for line in keep))
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(line + "\n" for line in keep))
 
 
 def run_rl(cfg: TidalConfig, run_dir: str | Path, init_checkpoint: str | Path, progress: bool = True,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
+
+from tidal.fsutil import write_text_atomic
 
 
 def _clean(value):
@@ -41,7 +42,4 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 def write_json_atomic(path: str | Path, obj: dict) -> None:
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(_clean(obj), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(_clean(obj), indent=2, sort_keys=True) + "\n")

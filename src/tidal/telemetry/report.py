@@ -13,12 +13,12 @@ from __future__ import annotations
 import base64
 import html
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from tidal.fsutil import write_text_atomic
 from tidal.telemetry import plots
 from tidal.telemetry.metrics import read_metrics
 
@@ -65,11 +65,7 @@ def write_report(run_dir: str | Path) -> Path:
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
     page = render_page(run_dir.name, summary, build_plots(records, summary or {}))
-    out = run_dir / "report.html"
-    tmp = out.with_suffix(".html.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, out)
-    return out
+    return write_text_atomic(run_dir / "report.html", page)
 
 
 def build_plots(records: list[dict], summary: dict) -> list[Plot]:
