@@ -92,8 +92,9 @@ def _trainer_mismatch(model, results, mode: str, replay: str) -> dict:
     out["tokens"] = int(totals["mismatch_tokens"])
     if "routing_flip_rate" in totals:
         out["router_flip_rate"] = totals["routing_flip_rate"]
-        out["router_flip_rate_per_layer"] = [
-            totals[k] for k in sorted(totals) if k.startswith("routing_flip_rate_layer")]
+        layers = sum(k.startswith("routing_flip_rate_layer") for k in totals)
+        out["router_flip_rate_per_layer"] = [  # by layer number (a name sort puts 10 before 2)
+            totals[f"routing_flip_rate_layer{i}"] for i in range(layers)]
         out["tokens_with_flip_fraction"] = totals["routing_tokens_with_flip_fraction"]
         out["trained_flip_rate"] = totals["routing_trained_flip_rate"]
     return out

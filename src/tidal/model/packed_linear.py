@@ -31,18 +31,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tidal.numerics.ops import onednn_usable, pack_for_onednn
+
 ONEDNN_MIN_MACS = 1 << 19
 """Multiply-adds per call (rows x out x in) from which oneDNN beats MKL on the measured CPU."""
-_PACK_HINT_ROWS = 64
-"""Batch size oneDNN lays the packed weight out for; measured the same from 2 to 256 rows."""
-
-
-def _onednn_usable(weight: torch.Tensor) -> bool:
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.float32
-        and torch.backends.mkldnn.is_available()
-    )
 
 
 class PackedLinear:
@@ -53,10 +45,7 @@ class PackedLinear:
     def __init__(self, weight: torch.Tensor):
         self.weight = weight
         self._macs_per_row = weight.numel()
-        self.packed = (
-            torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACK_HINT_ROWS)
-            if _onednn_usable(weight) else None
-        )
+        self.packed = pack_for_onednn(weight) if onednn_usable(weight) else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]

@@ -245,10 +245,10 @@ class CausalLM(nn.Module):
             )
         replay = self._check_replay(replay_experts, b, t)
         if deterministic:
-            weights = self.deterministic_weights(dtype or self.model.embed_tokens.weight.dtype)
             if cache is not None and torch.is_grad_enabled():
                 raise RuntimeError("the KV-cached forward is inference-only; run it under "
                                    "torch.inference_mode() or torch.no_grad()")
+            weights = self.deterministic_weights(dtype or self.model.embed_tokens.weight.dtype)
             logits, expert_ids = deterministic_forward(
                 self, weights, input_ids, positions, cache, slots, replay, logits_at
             )

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from tidal.model.kv_cache import KVCache
 from tidal.model.packed_linear import PackedLinear
 from tidal.model.rope import apply_rope_fused
+from tidal.numerics.ops import fold_norm_weight
 
 if TYPE_CHECKING:
     from tidal.model.qwen3 import CausalLM
@@ -104,7 +105,7 @@ class ServingWeights:
         weight = torch.cat(parts) if len(parts) > 1 else parts[0].detach()
         if norm_weight is not None and self.folded:
             self._sources.append(norm_weight)
-            weight = weight * (norm_weight * weight.shape[1] ** 0.5)
+            weight = fold_norm_weight(weight, norm_weight)
         return PackedLinear(weight)
 
     def _norm_weight(self, weight: torch.Tensor) -> torch.Tensor | None:

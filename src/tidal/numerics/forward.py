@@ -31,9 +31,8 @@ from tidal.model.rope import apply_rope_fused
 from tidal.numerics.moe import sparse_moe
 from tidal.numerics.ops import (
     KEY_BLOCK, DeterministicLinear, attention, attention_bias, fold_norm_weight, folded_rms_norm,
-    rms_norm, silu,
+    onednn_usable, rms_norm, silu,
 )
-from tidal.numerics.ops import _onednn as _onednn_linear
 
 if TYPE_CHECKING:
     from tidal.model.kv_cache import KVCache
@@ -133,7 +132,7 @@ class DeterministicWeights:
     def _few_token_experts(self, mlp, post: torch.Tensor) -> dict:
         """numerics/moe.py's fused matrices, for the engine's fp32 oneDNN path only (the trainer
         never runs few tokens through them, and their bit-equality is measured for oneDNN)."""
-        if self.trainable or not self.folded or not _onednn_linear(mlp.gate.weight):
+        if self.trainable or not self.folded or not onednn_usable(mlp.gate.weight):
             return {"router_gate_up": None, "down_blocks": None}
         experts = mlp.experts
         gate_up = self._folded(experts.gate_up_proj, post)
