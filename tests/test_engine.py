@@ -285,3 +285,65 @@ def test_errors_name_what_to_fix(dense):
     assert not engine.has_work
     (r,) = engine.generate([GenerationRequest([1] * 15)])  # the longest prompt that fits
     assert len(r.token_ids) == 1 and r.finish_reason in ("length", "eos")
+
+
+def run_conversations(engine, turns: int, seed: int = 0):
+    """Four multi-turn conversations at their own pace: each turn's prompt is the last prompt +
+    its completion + an "observation"; returns every result by (conversation, turn)."""
+    rng = __import__("random").Random(seed)
+    prompts = {c: PROMPTS[c] for c in range(4)}
+    turn = dict.fromkeys(prompts, 0)
+    results = {}
+
+    def submit(c):
+        engine.submit(GenerationRequest(prompts[c], max_new_tokens=rng.randint(2, 6),
+                                        ignore_eos=True, tag=(c, turn[c])))
+
+    for c in prompts:
+        submit(c)
+    while engine.has_work:
+        for r in engine.step():
+            c, t = r.tag
+            results[r.tag] = r
+            if t + 1 < turns:
+                turn[c] = t + 1
+                prompts[c] = r.prompt_ids + r.token_ids + TOK.encode(f"<obs {c}.{t}>")
+                submit(c)
+    return results
+
+
+@pytest.mark.parametrize("slots", [8, 5, 3])
+@pytest.mark.parametrize("name", ["tiny", "tiny-moe"])
+def test_prefix_cache_changes_nothing_but_the_prefill(name, slots, dense, moe):
+    """Multi-turn conversations with the prefix cache give bit for bit the tokens, logprobs and
+    (MoE) experts of the engine without it, at temperature 1, whether parked slots are plenty
+    (8), scarce (5) or displaced by every admission (3); with room, most prompt tokens are
+    served from the cache."""
+    model = dense if name == "tiny" else moe
+    kwargs = {"max_batch_size": slots, "max_seq_len": 128, "temperature": 1.0, "seed": 5}
+    on, off = engine_for(model, **kwargs), engine_for(model, prefix_cache=False, **kwargs)
+    with_cache, without = run_conversations(on, 5), run_conversations(off, 5)
+    assert with_cache.keys() == without.keys() and len(with_cache) == 20
+    for key, r in with_cache.items():
+        ref = without[key]
+        assert (r.prompt_ids, r.token_ids, r.logprobs) == (ref.prompt_ids, ref.token_ids, ref.logprobs), key
+        assert (r.experts, r.prompt_experts) == (ref.experts, ref.prompt_experts), key
+    assert off.cached_tokens == 0
+    assert on.prefill_tokens + on.cached_tokens == off.prefill_tokens
+    if slots == 8:
+        assert on.cached_tokens > 2 * on.prefill_tokens
+
+
+def test_prefix_cache_is_dropped_on_weight_update(dense):
+    """Parked keys/values are of the old weights: after load_weights the next turn is prefilled
+    in full and equals a fresh engine's run under the new weights."""
+    engine = engine_for(dense, max_batch_size=4)
+    (first,) = engine.generate([GenerationRequest(PROMPTS[1], max_new_tokens=4, ignore_eos=True)])
+    other = make_model("tiny", seed=1)
+    engine.load_weights(other, version=1)
+    follow = GenerationRequest(first.prompt_ids + first.token_ids + TOK.encode("ok"), max_new_tokens=5,
+                               ignore_eos=True)
+    before = engine.cached_tokens
+    (again,) = engine.generate([follow])
+    assert engine.cached_tokens == before
+    assert again.token_ids == naive_greedy(other, follow.prompt_ids, 5)

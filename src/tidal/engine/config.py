@@ -30,6 +30,12 @@ class EngineConfig(Section):
     for bit what the trainer recomputes for that token (the trainer runs the same forward);
     fast: the fused serving path (serving.py), faster per step but off by ~1e-6 from the trainer,
     and with it MoE routing that can flip."""
+    prefix_cache: bool = True
+    """Keep a finished request's KV cache in its (now free) slot, and when a new prompt starts
+    with that request's tokens, prefill only the rest. A multi-turn episode sends its whole
+    context again each turn (context + last turn + observation), so this turns its prefill from
+    the whole context into the new observation. Free slots are reused least recently used
+    first; a weight update drops them all (their keys are of the old weights)."""
     recompute_kv_on_reload: bool = True
     """On a weight update, recompute the KV cache of in-flight sequences with the new weights, so
     every token after the update is exactly what the new policy gives for its whole context (one

@@ -22,6 +22,14 @@ Per-slot state lives in preallocated tensors ([slots, max_seq_len] tokens, logpr
 experts) so a decode step does a handful of batched tensor ops and no per-token Python work,
 except decoding the tail of sequences that have stop strings.
 
+Prefix cache (``prefix_cache``): a finished request's slot keeps its keys/values ("parked",
+least recently used first out). A new prompt that starts with a parked sequence's tokens takes
+that slot and prefills only the rest, at its true positions (the cached forward writes and reads
+by position, so this is chunked prefill: bitwise the same as a full one in deterministic mode).
+Multi-turn episodes resend their whole context each turn, so a turn costs the prefill of its new
+observation instead of the whole context. Parked slots are free slots: admission and compaction
+swap rows instead of overwriting them, and a weight update drops them.
+
 Weights: ``load_weights`` copies new weights in place between steps; running sequences keep
 their slots and continue, and tokens sampled afterwards record the new version. With
 ``recompute_kv_on_reload`` the running sequences' KV cache is recomputed under the new weights.
@@ -30,7 +38,7 @@ Not thread-safe: call ``submit``/``step``/``load_weights`` from one thread (an a
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +63,8 @@ class _Sequence:
     limit: int  # sequence length at which the slot stops ("length")
     temperature: float
     top_p: float
+    cached: int = 0
+    """Prompt tokens whose keys/values a parked slot already held (not prefilled)."""
 
     @property
     def greedy(self) -> bool:
@@ -131,6 +141,13 @@ class Engine:
         self._batch: _Batch | None = None  # None = running set changed, rebuild
         self._next_id = 0
         self._finished_elsewhere: list[GenerationResult] = []  # seen by generate(), not its own
+        self._parked: OrderedDict[int, list[int]] = OrderedDict()
+        """Free slot -> the tokens whose keys/values it still holds (a finished sequence but its
+        last token, which was never fed); least recently parked first."""
+        self.prefill_tokens = 0
+        """Prompt tokens prefilled so far."""
+        self.cached_tokens = 0
+        """Prompt tokens served from parked slots instead (prefix cache hits)."""
 
     # ---------------------------------------------------------------- public API
 
@@ -183,6 +200,7 @@ class Engine:
         state = weights.state_dict() if isinstance(weights, nn.Module) else weights
         self.model.load_state_dict(state, strict=True)
         self._version = version
+        self._parked.clear()  # their keys/values are of the old weights
         if self.cfg.recompute_kv_on_reload and self._running:
             with torch.inference_mode():
                 # Everything but each sequence's newest token, which the next decode step feeds.
@@ -211,6 +229,9 @@ class Engine:
         if not taken:
             return slots
         seqs = [self._sequence(request_id, req) for request_id, req in taken]
+        if self.cfg.prefix_cache:
+            for slot, seq in zip(slots, seqs):
+                seq.cached = self._claim(slot, seq.request.prompt_ids, slots.stop)
         rows = slice(slots.start, slots.stop)
         width = max(seq.prompt_len for seq in seqs)
         prompts = [seq.request.prompt_ids + [0] * (width - seq.prompt_len) for seq in seqs]
@@ -240,31 +261,45 @@ class Engine:
 
     def _prefill(self, slots: range) -> list[GenerationResult]:
         """Prefill newly admitted (consecutive) slots and sample each one's first token."""
-        lengths = [self._running[s].prompt_len for s in slots]
-        logits, experts = self._prefill_forward(slots.start, lengths, want_experts=self.is_moe)
+        seqs = [self._running[s] for s in slots]
+        lengths = [seq.prompt_len for seq in seqs]
+        starts = [seq.cached for seq in seqs]
+        self.cached_tokens += sum(starts)
+        self.prefill_tokens += sum(lengths) - sum(starts)
+        logits, experts = self._prefill_forward(slots.start, lengths, want_experts=self.is_moe,
+                                                starts=starts)
         return self._record(self._make_batch(slots), logits, experts)
 
     def _prefill_forward(
-        self, first_slot: int, lengths: list[int], want_experts: bool
+        self, first_slot: int, lengths: list[int], want_experts: bool,
+        starts: list[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed ``self._tokens[slot, :length]`` of slots ``first_slot, first_slot + 1, ...`` into
-        the cache, in right-padded groups of at most ``max_prefill_tokens`` padded tokens.
+        """Feed ``self._tokens[slot, start:length]`` of slots ``first_slot, first_slot + 1, ...``
+        into the cache (``starts``: positions already cached, default 0), in right-padded groups
+        of at most ``max_prefill_tokens`` padded tokens.
 
         Returns the logits [n, V] (and experts [n, layers, k] if asked) at each last position.
         With experts, the routing of every earlier prompt position is recorded too (slot index
         p + 1 holds position p's experts, as for completion tokens), so a trainer can replay the
         whole sequence.
         """
+        starts = starts or [0] * len(lengths)
+        spans = [n - s for n, s in zip(lengths, starts)]
         last_logits, last_experts = [], []
-        for group in _pack(lengths, self.cfg.max_prefill_tokens):
+        for group in _pack(spans, self.cfg.max_prefill_tokens):
             # Groups are consecutive runs of indices, so their slots are a range too.
             slots = range(first_slot + group[0], first_slot + group[-1] + 1)
             group_len = torch.tensor([lengths[i] for i in group], device=self.device)
-            width = max(lengths[i] for i in group)
-            steps = torch.arange(width, device=self.device)
-            positions = torch.where(steps < group_len.unsqueeze(1), steps, -1)  # [n, width]
-            input_ids = self._tokens[slots.start : slots.stop, :width]
-            last = group_len - 1
+            group_start = torch.tensor([starts[i] for i in group], device=self.device)
+            width = max(spans[i] for i in group)
+            steps = torch.arange(width, device=self.device) + group_start.unsqueeze(1)  # [n, width]
+            positions = torch.where(steps < group_len.unsqueeze(1), steps, -1)
+            rows = slice(slots.start, slots.stop)
+            if any(starts[i] for i in group):
+                input_ids = self._tokens[rows].gather(1, steps.clamp(max=self.cfg.max_seq_len - 1))
+            else:
+                input_ids = self._tokens[rows, :width]
+            last = group_len - group_start - 1
             out = self.model(
                 input_ids, positions=positions, cache=self.cache, slots=slots,
                 return_experts=want_experts, logits_at=last, deterministic=self.deterministic,
@@ -272,8 +307,10 @@ class Engine:
             logits, experts = out if want_experts else (out, None)
             last_logits.append(logits)
             if experts is not None:
-                # Padding columns write garbage past each prompt; decode steps overwrite it.
-                self._experts[slots.start : slots.stop, 1 : width + 1] = experts.to(torch.int32)
+                # Position p's routing goes to index p + 1; padding columns (position -1) land on
+                # index 0, which holds nothing.
+                slot_rows = torch.arange(slots.start, slots.stop, device=self.device).unsqueeze(1)
+                self._experts[slot_rows, positions + 1] = experts.to(torch.int32)
                 last_experts.append(experts[torch.arange(len(group), device=self.device), last])
         return torch.cat(last_logits), (torch.cat(last_experts) if last_experts else None)
 
@@ -373,6 +410,9 @@ class Engine:
         for i, slot in enumerate(slots):
             seq = self._running.pop(slot)
             start, end = seq.prompt_len, ends[i]
+            if self.cfg.prefix_cache:
+                self._parked.pop(slot, None)
+                self._parked[slot] = tokens[i][: end - 1]  # the last token was never fed
             token_ids = tokens[i][start:end]
             results.append(GenerationResult(
                 request_id=seq.request_id,
@@ -399,16 +439,73 @@ class Engine:
         movers = sorted(slot for slot in self._running if slot >= n)
         for src, dst in zip(movers, holes):
             self._running[dst] = self._running.pop(src)
+        if any(hole in self._parked for hole in holes):
+            # Swap rather than overwrite: the holes' parked caches move to the movers' old slots.
+            self._swap_rows(movers, holes)
+            moved = dict(zip(holes, movers))
+            self._parked = OrderedDict((moved.get(k, k), v) for k, v in self._parked.items())
+            return
         src = torch.tensor(movers, device=self.device)
         dst = torch.tensor(holes, device=self.device)
-        state = [self._tokens, self._logprobs, self._versions, self._length, self._limit,
-                 self._temperature, self._top_p, self._stop_on_eos]
-        for t in state + ([self._experts] if self._experts is not None else []):
+        for t in self._slot_state():
             t[dst] = t[src]
         held = int(self._length[dst].max())  # cache positions in use by the moved sequences
         for kc, vc in zip(self.cache.k, self.cache.v):
             kc[dst, :, :held] = kc[src, :, :held]
             vc[dst, :, :held] = vc[src, :, :held]
+
+    def _slot_state(self) -> list[torch.Tensor]:
+        """Every per-slot tensor (rows indexed by slot)."""
+        state = [self._tokens, self._logprobs, self._versions, self._length, self._limit,
+                 self._temperature, self._top_p, self._stop_on_eos]
+        return state + ([self._experts] if self._experts is not None else [])
+
+    def _swap_rows(self, a: list[int], b: list[int]) -> None:
+        """Exchange slots a[i] and b[i]: per-slot state and the cache positions either holds."""
+        left = torch.tensor(a + b, device=self.device)
+        right = torch.tensor(b + a, device=self.device)
+        held = int(self._length[left].max())  # a parked slot's length is its finished sequence's
+        for t in self._slot_state():
+            t[left] = t[right]  # the right side is gathered (a copy) before the write
+        for kc, vc in zip(self.cache.k, self.cache.v):
+            kc[left, :, :held] = kc[right, :, :held]
+            vc[left, :, :held] = vc[right, :, :held]
+
+    # ---------------------------------------------------------------- prefix cache
+
+    def _claim(self, slot: int, prompt: list[int], admitting_end: int) -> int:
+        """Prepare free ``slot`` for ``prompt``: bring the parked slot sharing its longest
+        prefix there (swapping rows). Returns how many prompt tokens it already holds (at most
+        all but the last, whose logits the first token needs). Slots ``slot..admitting_end-1``
+        are being filled now, so a displaced parked cache moves beyond them."""
+        best, best_len = None, 0
+        for held_slot, held in self._parked.items():
+            n = _common_prefix(held, prompt)
+            if n > best_len:
+                best, best_len = held_slot, n
+        best_len = min(best_len, len(prompt) - 1)
+        if best is None or best_len < MIN_PREFIX_REUSE:
+            self._displace(slot, admitting_end)
+            return 0
+        del self._parked[best]
+        if best != slot:
+            self._swap_rows([best], [slot])
+            displaced = self._parked.pop(slot, None)  # now in best's old rows
+            if displaced is not None:
+                self._parked[best] = displaced
+        return best_len
+
+    def _displace(self, slot: int, admitting_end: int) -> None:
+        """``slot`` is about to be overwritten: keep its parked cache in a free slot that holds
+        nothing, if there is one, else drop it."""
+        held = self._parked.pop(slot, None)
+        if held is None:
+            return
+        for free in range(admitting_end, self.cfg.max_batch_size):
+            if free not in self._parked:
+                self._swap_rows([slot], [free])
+                self._parked[free] = held
+                return
 
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         limit = self.cfg.max_seq_len - 1
@@ -424,6 +521,25 @@ class Engine:
                 f"prompt token ids must be in [0, {self.vocab_size}) for this model, "
                 f"got ids from {low} to {high}"
             )
+
+
+MIN_PREFIX_REUSE = 8
+"""Shorter shared prefixes are prefilled again: moving a slot's rows costs about as much."""
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists (slice comparisons run in C)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    low, high = 0, n  # a[:low] == b[:low], a[:high] != b[:high]
+    while high - low > 1:
+        mid = (low + high) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid
+    return low
 
 
 def _pack(lengths: list[int], budget: int) -> list[list[int]]:
