@@ -158,3 +158,27 @@ def test_cache_ignores_a_crashed_run(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         cached_pretrained(cfg, progress=False)
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+def test_trimming_padding_after_the_last_trained_token_changes_no_loss():
+    """Demonstration rows are right padded; the cut batch gives the loss of the whole one (a
+    causal model never looks ahead), and a batch with nothing trained is left whole."""
+    from tidal.model.presets import preset
+    from tidal.model.qwen3 import build_model
+    from tidal.pretrain.loop import trim_batch
+
+    ids = torch.randint(0, 256, (3, 40))
+    mask = torch.zeros(3, 40)
+    mask[0, 5:12] = 1
+    mask[2, 20:27] = 1
+    cut_ids, cut_mask = trim_batch(ids, mask)
+    assert cut_ids.shape == (3, 27) and torch.equal(cut_ids, ids[:, :27])
+    model = build_model(preset("tiny"), seed=0)
+    with torch.no_grad():
+        def loss(i, m):
+            per = torch.nn.functional.cross_entropy(model(i[:, :-1]).transpose(1, 2), i[:, 1:],
+                                                    reduction="none")
+            return (per * m[:, 1:]).sum() / m[:, 1:].sum()
+        torch.testing.assert_close(loss(cut_ids, cut_mask), loss(ids, mask))
+    nothing = torch.zeros(3, 40)
+    assert trim_batch(ids, nothing)[0].shape == (3, 40)

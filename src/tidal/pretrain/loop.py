@@ -58,7 +58,7 @@ def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool, rows=N
     model = initial_model(cfg)
     optimizer = make_optimizer(model, pc)
     batches = shuffled_batches(torch.arange(len(ids)), pc.batch_size, cfg.orchestrator.seed)
-    tokens_per_step = min(pc.batch_size, len(ids)) * (ids.shape[1] - 1)
+    tokens = 0  # predicted positions run so far (rows x (width - 1))
     log = MetricsLog(out_dir / METRICS_FILE)
     bar = progress_bar(pc.max_steps, "pretrain", progress)
     start = time.perf_counter()
@@ -66,10 +66,12 @@ def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool, rows=N
     while step < pc.max_steps and elapsed < pc.time_budget_s:
         lr = lr_at(pc, step, elapsed)
         index = next(batches)
-        loss = train_step(model, optimizer, ids[index], lr, pc.grad_clip, pc.dtype, mask[index])
+        batch_ids, batch_mask = trim_batch(ids[index], mask[index])
+        loss = train_step(model, optimizer, batch_ids, lr, pc.grad_clip, pc.dtype, batch_mask)
+        tokens += batch_ids.shape[0] * (batch_ids.shape[1] - 1)
         step += 1
         elapsed = time.perf_counter() - start
-        tok_s = step * tokens_per_step / elapsed
+        tok_s = tokens / elapsed
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
         done = step >= pc.max_steps or elapsed >= pc.time_budget_s
@@ -82,6 +84,16 @@ def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool, rows=N
 
 
 # ---------------------------------------------------------------- steps
+
+
+def trim_batch(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cut the columns after the batch's last trained token: demonstration rows are right padded
+    to seq_len, and a causal model's loss never depends on later tokens, so the cut is exact
+    (and saves the padding's compute, a quarter of it when windows of 384 and 512 share rows)."""
+    trained = mask.any(dim=0).nonzero()
+    width = int(trained[-1]) + 1 if len(trained) else ids.shape[1]
+    return ids[:, :width], mask[:, :width]
+
 
 
 @contextlib.contextmanager
