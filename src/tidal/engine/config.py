@@ -34,8 +34,9 @@ class EngineConfig(Section):
     """Keep a finished request's KV cache in its (now free) slot, and when a new prompt starts
     with that request's tokens, prefill only the rest. A multi-turn episode sends its whole
     context again each turn (context + last turn + observation), so this turns its prefill from
-    the whole context into the new observation. Free slots are reused least recently used
-    first; a weight update drops them all (their keys are of the old weights)."""
+    the whole context into the new observation. Prefixes match in whole blocks of 16 tokens.
+    A parked cache in the way of an admission moves to an empty free slot, or is dropped if
+    none is left; a weight update drops them all (their keys are of the old weights)."""
     recompute_kv_on_reload: bool = True
     """On a weight update, recompute the KV cache of in-flight sequences with the new weights, so
     every token after the update is exactly what the new policy gives for its whole context (one

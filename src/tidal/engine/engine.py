@@ -22,8 +22,8 @@ Per-slot state lives in preallocated tensors ([slots, max_seq_len] tokens, logpr
 experts) so a decode step does a handful of batched tensor ops and no per-token Python work,
 except decoding the tail of sequences that have stop strings.
 
-Prefix cache (``prefix_cache``): a finished request's slot keeps its keys/values ("parked",
-least recently used first out). A new prompt that starts with a parked sequence's tokens takes
+Prefix cache (``prefix_cache``): a finished request's slot keeps its keys/values ("parked").
+A new prompt that starts with a parked sequence's tokens takes
 that slot and prefills only the rest, at its true positions (the cached forward writes and reads
 by position, so this is chunked prefill: bitwise the same as a full one in deterministic mode).
 Multi-turn episodes resend their whole context each turn, so a turn costs the prefill of its new
@@ -141,9 +141,9 @@ class Engine:
         self._batch: _Batch | None = None  # None = running set changed, rebuild
         self._next_id = 0
         self._finished_elsewhere: list[GenerationResult] = []  # seen by generate(), not its own
-        self._parked: OrderedDict[int, list[int]] = OrderedDict()
+        self._parked: OrderedDict[int, tuple[list[int], list[int]]] = OrderedDict()
         """Free slot -> the tokens whose keys/values it still holds (a finished sequence but its
-        last token, which was never fed); least recently parked first."""
+        last token, which was never fed) and their block hashes."""
         self.prefill_tokens = 0
         """Prompt tokens prefilled so far."""
         self.cached_tokens = 0
@@ -412,7 +412,8 @@ class Engine:
             start, end = seq.prompt_len, ends[i]
             if self.cfg.prefix_cache:
                 self._parked.pop(slot, None)
-                self._parked[slot] = tokens[i][: end - 1]  # the last token was never fed
+                held = tokens[i][: end - 1]  # the last token was never fed
+                self._parked[slot] = (held, _block_hashes(held))
             token_ids = tokens[i][start:end]
             results.append(GenerationResult(
                 request_id=seq.request_id,
@@ -478,13 +479,21 @@ class Engine:
         prefix there (swapping rows). Returns how many prompt tokens it already holds (at most
         all but the last, whose logits the first token needs). Slots ``slot..admitting_end-1``
         are being filled now, so a displaced parked cache moves beyond them."""
-        best, best_len = None, 0
-        for held_slot, held in self._parked.items():
-            n = _common_prefix(held, prompt)
-            if n > best_len:
-                best, best_len = held_slot, n
+        best, best_blocks = None, 0
+        wanted = _block_hashes(prompt)
+        for held_slot, (_, hashes) in self._parked.items():
+            n = _common_prefix(hashes, wanted)
+            if n > best_blocks:
+                best, best_blocks = held_slot, n
+        best_len = 0
+        if best is not None:
+            held = self._parked[best][0]
+            start = best_blocks * PREFIX_BLOCK
+            if held[:start] == prompt[:start]:  # rules out a hash collision
+                best_len = start + _common_prefix(held[start: start + PREFIX_BLOCK],
+                                                  prompt[start: start + PREFIX_BLOCK])
         best_len = min(best_len, len(prompt) - 1)
-        if best is None or best_len < MIN_PREFIX_REUSE:
+        if best is None or best_len < PREFIX_BLOCK:
             self._displace(slot, admitting_end)
             return 0
         del self._parked[best]
@@ -523,12 +532,23 @@ class Engine:
             )
 
 
-MIN_PREFIX_REUSE = 8
-"""Shorter shared prefixes are prefilled again: moving a slot's rows costs about as much."""
+PREFIX_BLOCK = 16
+"""Parked sequences are matched by chained hashes of whole blocks of this many tokens (vLLM's
+automatic prefix caching does the same), so a lookup compares a few hashes per parked slot
+instead of hundreds of tokens; shorter shared prefixes are prefilled again."""
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two token lists (slice comparisons run in C)."""
+def _block_hashes(tokens: list[int]) -> list[int]:
+    """h[i] = hash of tokens[: (i + 1) * PREFIX_BLOCK] (chained), for every whole block."""
+    out, h = [], 0
+    for start in range(0, len(tokens) - PREFIX_BLOCK + 1, PREFIX_BLOCK):
+        h = hash((h, *tokens[start: start + PREFIX_BLOCK]))
+        out.append(h)
+    return out
+
+
+def _common_prefix(a: list, b: list) -> int:
+    """Length of the longest common prefix of two lists (slice comparisons run in C)."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
         return n
