@@ -9,7 +9,7 @@ from tidal.bench.horizon_bench import HorizonBenchConfig, WindowSetup, midtrain,
 
 def toy(tmp_path) -> HorizonBenchConfig:
     # Short episodes (1.2 windows), a few seconds of mid-training, one RL step per mode.
-    return HorizonBenchConfig(windows=[384], horizon=1.2, demo_episodes=4, pretrain_s=2.0,
+    return HorizonBenchConfig(windows=[384], horizon=1.2, demo_episodes=4, drill_s=2.0, pretrain_s=2.0,
                               rl_s=60.0, rl_max_steps=1, tasks_per_step=1, group_size=2,
                               eval_tasks=2, threads=1, cache_dir=str(tmp_path / "cache"))
 

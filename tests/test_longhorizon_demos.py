@@ -12,7 +12,7 @@ from tidal.tasks.longhorizon_demos import (demo_rows, demo_segments, informative
                                            read_context, segment_text)
 
 WINDOW = 384
-CFG = LedgerConfig(num_files=38)
+CFG = LedgerConfig(num_files=46)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_rows_hold_one_segment_each_trained_on_the_expert_tokens_only(clean_epis
 
 def test_demo_segments_keep_every_decision_and_as_many_copies():
     segments = demo_segments(CFG, WINDOW, 4, seed=0, harness=harness_for(WINDOW, "summarize"))
-    assert all(segment_text(s).startswith("\nTools:") for s in segments)
+    assert all(segment_text(s).startswith("next_file() submit(code: string)\n") for s in segments)
     decisions = sum(informative(s) for s in segments)
     assert decisions >= 4 * 2  # two steps and a submit per episode (steps may share a segment)
     firsts = sum(SUMMARY_OPEN not in ByteTokenizer().decode(s.prompt_ids) for s in segments)

@@ -1,21 +1,25 @@
 """Long-horizon success: RL with self-summarization vs the same RL budget with a sliding window.
 
-    tidal bench horizon --json horizon.json                 # ~15-20 min on 2 CPU cores
-    tidal bench horizon --quick --json horizon.json         # a few minutes, smaller budgets
+    tidal bench horizon --json horizon.json                 # ~27 min on 2 CPU cores
+    tidal bench horizon --quick --json horizon.json         # ~10 min, smaller budgets
 
 On the "ledger" family (tidal.tasks.longhorizon: the steps of f are read early, in files many
 context windows before f is written), at each context window W:
 
-    mid-train once (cached) ──> model before RL ──┬─> eval, summarize mode ──> before_rl
-                                                  ├─> eval, truncate mode
-                                                  ├─> RL (summarize) for rl_s ──> eval ──> summarize
-                                                  └─> RL (truncate)  for rl_s ──> eval ──> truncate
+    drill + mid-train once (cached) ──> model before RL ──┬─> eval, summarize mode ──> before_rl
+                                                          ├─> eval, truncate mode
+                                                          ├─> RL (summarize) for rl_s ──> eval ──> summarize
+                                                          └─> RL (truncate)  for rl_s ──> eval ──> truncate
 
 The peer is plain truncation: the harness's sliding window (keep the head and the newest turns)
 with the same model, the same mid-training, the same RL algorithm and the same wall-clock budget.
 Mid-training is next-token prediction of the scripted expert's turns and summaries in its
-episodes at every window, in the harness's own token format (tidal.tasks.longhorizon_demos); its
-summaries slip now and then, so the model before RL keeps facts only most of the time.
+episodes, in the harness's own token format (tidal.tasks.longhorizon_demos): first a drill at a
+small window (one file per context, so a summary to copy every ~200 tokens), then the compared
+windows. Without the drill, 10 minutes on the compared windows taught the model to carry each
+step's operator but not its constant (success 0.00-0.12); with 5 + 5 minutes it carries both
+most of the time, and what it still gets wrong (two steps with the same operator swapped, a step
+never added) is what RL on the episode's reward can fix.
 
 The RL loop here is synchronous and in-process (one engine, one trainer, no Ray): on 2 cores the
 orchestrator's workers would only compete with the trainer, and both modes must see exactly the
@@ -41,6 +45,7 @@ import os
 import statistics
 import time
 import uuid
+from typing import Literal
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -64,15 +69,25 @@ class HorizonBenchConfig(Section):
     """Model size (tidal.model.presets)."""
     demo_episodes: int = Field(4000, ge=2)
     """Expert episodes rendered for mid-training, spread over the windows."""
-    slip_rate: float = Field(0.03, ge=0.0, lt=1.0)
+    slip_rate: float = Field(0.0, ge=0.0, lt=1.0)
     """Chance that each expert summary drops or garbles a step (LedgerConfig.summary_slip_rate)."""
+    drill_window: int = Field(272, ge=272)
+    """Mid-training starts with demonstrations at this small window, about one file per context,
+    so every ~200 tokens end in a summary that copies the steps' constants. On the real windows
+    a summary comes every 400-500 tokens, and 10 minutes of that taught a tiny model each step's
+    operator but not its digit; the short contexts make the copy signal 2-3x denser per token.
+    (272 is the least window where a file, the submit turn and a summary fit together.)"""
+    drill_files: int = Field(12, ge=2)
+    """Files per drill task (its episodes are short: only the copying is drilled)."""
+    drill_s: float = Field(300.0, ge=0)
+    """Wall-clock budget of the drill stage, seconds (0 = no drill)."""
     pretrain_s: float = Field(300.0, gt=0)
-    """Mid-training wall-clock budget, seconds."""
+    """Mid-training wall-clock budget on the compared windows (after the drill), seconds."""
     pretrain_lr: float = Field(3e-3, gt=0)
     """Peak mid-training learning rate."""
     pretrain_batch: int = Field(16, ge=1)
     """Segments per mid-training step."""
-    rl_s: float = Field(120.0, gt=0)
+    rl_s: float = Field(180.0, gt=0)
     """RL wall-clock budget of each run (each window x mode), seconds."""
     rl_max_steps: int = Field(200, ge=0)
     """RL steps per run at most (the budget usually ends a run first)."""
@@ -86,6 +101,11 @@ class HorizonBenchConfig(Section):
     """Held-out tasks per evaluation (one episode each)."""
     temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature of RL and evaluation."""
+    numerics: Literal["deterministic", "fast"] = "fast"
+    """engine.numerics of RL and evaluation (the trainer follows). "fast" here, unlike tidal's
+    default: on 2 CPU cores the deterministic trainer forward takes 2x as long (an RL step of 16
+    episodes at window 384: 25.6 s vs 15.1 s), and this benchmark measures what RL learns in a
+    wall-clock budget; both modes get the same numerics."""
     threads: int = Field(2, ge=1)
     """Torch threads while the benchmark runs."""
     seed: int = 0
@@ -96,21 +116,29 @@ class HorizonBenchConfig(Section):
     the windows and family settings; the JSON then says so)."""
 
 
-QUICK = {"demo_episodes": 2000, "pretrain_s": 150.0, "rl_s": 45.0, "eval_tasks": 16}
+QUICK = {"demo_episodes": 2000, "drill_s": 150.0, "pretrain_s": 150.0, "rl_s": 45.0, "eval_tasks": 16}
 """--quick: shorter budgets (figures from these are marked "quick" in the JSON)."""
 
 
 # ---------------------------------------------------------------- per-window settings
 
 
-def harness_for(window: int, mode: str, max_turns: int = 10_000, max_tokens: int = 1_000_000):
-    """The harness settings of the ledger family at ``window``: the longest turn (a submit of
-    two steps) is <= 65 tokens and the longest summary < 40."""
+def harness_for(window: int, mode: str, max_turns: int = 10_000, max_tokens: int = 1_000_000,
+                max_ops: int = 2):
+    """The harness settings of the ledger family at ``window``: room for exactly the longest
+    submit turn and the longest summary of ``max_ops`` steps. Every token of room kept free
+    beyond those is window lost to each segment, and more segments mean more summaries that
+    must carry the facts."""
+    from tidal.env.toolcall import format_call
     from tidal.harness import HarnessConfig
+    from tidal.harness.episode import SUMMARY_CLOSE
+    from tidal.tasks.longhorizon import longest_code
 
-    return HarnessConfig(context_window=window, context_mode=mode, summary_trigger=0.85,
-                         summary_max_tokens=40, truncate_keep=0.5,
-                         max_turns=max_turns, max_tokens=max_tokens, max_turn_tokens=66,
+    code = longest_code(max_ops)
+    return HarnessConfig(context_window=window, context_mode=mode, summary_trigger=0.95,
+                         summary_max_tokens=len(code) + len(SUMMARY_CLOSE), truncate_keep=0.5,
+                         max_turns=max_turns, max_tokens=max_tokens,
+                         max_turn_tokens=len(format_call("submit", {"code": code})),
                          max_observation_tokens=128)
 
 
@@ -181,6 +209,7 @@ def tidal_config(bc: HorizonBenchConfig):
     return TidalConfig.model_validate({
         "model": model.model_dump(),
         "engine": {"max_seq_len": longest, "max_new_tokens": 96, "temperature": bc.temperature,
+                   "numerics": bc.numerics,
                    "max_batch_size": bc.tasks_per_step * bc.group_size + bc.eval_tasks,
                    "seed": bc.seed},
         "pretrain": {"seq_len": longest, "batch_size": bc.pretrain_batch, "lr": bc.pretrain_lr,
@@ -197,7 +226,8 @@ def midtrain_key(bc: HorizonBenchConfig, setups: list[WindowSetup]) -> str:
     from tidal.tasks import longhorizon
 
     cfg = tidal_config(bc)
-    what = {"bench": bc.model_dump(include={"windows", "horizon", "demo_episodes", "slip_rate", "seed"}),
+    what = {"bench": bc.model_dump(include={"windows", "horizon", "demo_episodes", "slip_rate", "seed",
+                                            "drill_window", "drill_files", "drill_s"}),
             "model": cfg.model.model_dump(mode="json"),
             "pretrain": cfg.pretrain.model_dump(mode="json", exclude=NOT_HASHED["pretrain"]),
             "ledger": [s.ledger.model_dump() for s in setups],
@@ -207,34 +237,57 @@ def midtrain_key(bc: HorizonBenchConfig, setups: list[WindowSetup]) -> str:
 
 
 def midtrain(bc: HorizonBenchConfig, setups: list[WindowSetup], progress: bool) -> tuple[Path, dict]:
-    """The mid-trained model folder (cached) and facts about its corpus and training."""
+    """The mid-trained model folder (cached) and facts about its corpus and training: the drill
+    stage (small window, if ``drill_s``), then the compared windows, from the drilled model."""
     from tidal.fsutil import replace_dir
     from tidal.model.checkpoint import COMPLETE_MARKER
-    from tidal.pretrain.loop import METRICS_FILE, MODEL_DIR, pretrain
-    from tidal.model.tokenizer import ByteTokenizer
-    from tidal.tasks.longhorizon_demos import demo_rows, demo_segments
+    from tidal.pretrain.loop import MODEL_DIR
 
     root = Path(bc.cache_dir) / midtrain_key(bc, setups)
     if (root / MODEL_DIR / COMPLETE_MARKER).is_file():
         return root / MODEL_DIR, json.loads((root / "midtrain.json").read_text())
     cfg = tidal_config(bc)
-    t0 = time.perf_counter()
-    segments = []
-    per_window = max(1, bc.demo_episodes // len(setups))
-    for i, s in enumerate(setups):
-        segments += demo_segments(s.ledger, s.window, per_window, bc.seed + i, s.harness("summarize"))
-    rows = demo_rows(segments, cfg.pretrain.seq_len, ByteTokenizer().pad_id)
-    corpus_s = time.perf_counter() - t0
     staging = root.parent / f".{root.name}.tmp-{uuid.uuid4().hex[:8]}"
-    pretrain(cfg, staging, rows=rows, progress=progress)
-    curve = [json.loads(line) for line in (staging / METRICS_FILE).read_text().splitlines()]
-    facts = {"segments": len(segments), "episodes": per_window * len(setups), "corpus_s": corpus_s,
-             "steps": curve[-1]["step"], "final_loss": curve[-1]["loss"],
-             "train_s": curve[-1]["elapsed_s"]}
+    facts = {}
+    if bc.drill_s > 0:
+        from tidal.tasks.longhorizon_config import LedgerConfig
+
+        drill = LedgerConfig(num_files=bc.drill_files, summary_slip_rate=bc.slip_rate)
+        episodes = max(1, bc.demo_episodes // 2)
+        drill_cfg = cfg.model_copy(deep=True)
+        drill_cfg.pretrain.seq_len = bc.drill_window
+        drill_cfg.pretrain.time_budget_s = bc.drill_s
+        facts["drill"] = _midtrain_stage(
+            drill_cfg, staging / "drill", [(drill, bc.drill_window, harness_for(bc.drill_window, "summarize"))],
+            episodes, bc.seed + 100, progress)
+        cfg.model.init_from = str(staging / "drill" / MODEL_DIR)
+    per_window = max(1, bc.demo_episodes // len(setups))
+    facts.update(_midtrain_stage(cfg, staging, [(s.ledger, s.window, s.harness("summarize")) for s in setups],
+                                 per_window, bc.seed, progress))
     (staging / "midtrain.json").write_text(json.dumps(facts))
     root.parent.mkdir(parents=True, exist_ok=True)
     replace_dir(staging, root)
     return root / MODEL_DIR, facts
+
+
+def _midtrain_stage(cfg, out: Path, windows: list, episodes: int, seed: int, progress: bool) -> dict:
+    """Next-token training on the expert's segments of ``episodes`` episodes per (ledger config,
+    window, harness) in ``windows``; the model lands in ``out``. Returns the stage's facts."""
+    from tidal.model.tokenizer import ByteTokenizer
+    from tidal.pretrain.loop import METRICS_FILE, pretrain
+    from tidal.tasks.longhorizon_demos import demo_rows, demo_segments
+
+    t0 = time.perf_counter()
+    segments = []
+    for i, (ledger, window, harness) in enumerate(windows):
+        segments += demo_segments(ledger, window, episodes, seed + i, harness)
+    rows = demo_rows(segments, cfg.pretrain.seq_len, ByteTokenizer().pad_id)
+    corpus_s = time.perf_counter() - t0
+    pretrain(cfg, out, rows=rows, progress=progress)
+    curve = [json.loads(line) for line in (out / METRICS_FILE).read_text().splitlines()]
+    return {"segments": len(segments), "episodes": episodes * len(windows), "corpus_s": corpus_s,
+            "steps": curve[-1]["step"], "final_loss": curve[-1]["loss"],
+            "train_s": curve[-1]["elapsed_s"]}
 
 
 # ---------------------------------------------------------------- RL and evaluation
@@ -252,7 +305,7 @@ class Policy:
         model = from_pretrained(model_dir, dtype=torch.float32)
         tcfg = TrainerConfig(lr=lr, warmup_steps=0, micro_batch_size=16)
         self.trainer = Trainer(model, tcfg, temperature=cfg.engine.temperature,
-                               pad_id=load_tokenizer(model_dir).pad_id)
+                               pad_id=load_tokenizer(model_dir).pad_id, numerics=cfg.engine.numerics)
         self.engine = Engine(copy.deepcopy(model), load_tokenizer(model_dir), cfg.engine)
 
     def sync(self) -> None:
@@ -381,7 +434,7 @@ def budget_label(bc: HorizonBenchConfig, quick: bool) -> str:
     """"full" only for the default budgets; "quick" for --quick; else "custom" (see config)."""
     if quick:
         return "quick"
-    budgets = ("demo_episodes", "pretrain_s", "rl_s", "rl_max_steps", "eval_tasks", "init_model")
+    budgets = ("demo_episodes", "drill_s", "pretrain_s", "rl_s", "rl_max_steps", "eval_tasks", "init_model")
     default = HorizonBenchConfig()
     return "full" if all(getattr(bc, k) == getattr(default, k) for k in budgets) else "custom"
 

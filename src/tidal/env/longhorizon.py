@@ -4,11 +4,11 @@ The task family, its expert and its demonstrations live in ``tidal.tasks.longhor
 module is the tool environment the harness drives. Two tools:
 
     next_file()          the next file of the repository ("no more files" after the last)
-    submit(code: str)    f's statements on one line ("x = x * 5; x = x + 7"); graded by the
+    submit(code: str)    f's statements on one line ("x*=5;x+=7"); graded by the
                          hidden tests in the sandbox; ends the episode
 
-The head (shown in every context window, so kept short: the model is byte-level) is the tool
-listing and the task sentence.
+The head (shown in every context window, so kept short: the model is byte-level) is the tools'
+call forms and the task sentence.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ PARTIAL_CREDIT = 0.5
 
 
 def file_observation(task: LedgerTask, index: int) -> str:
-    """What next_file shows for file ``index``: its name, position, and text."""
-    return f"{family.file_name(index)} ({index + 1}/{len(task.files)})\n{task.files[index]}"
+    """What next_file shows for file ``index``: its name and text (no position: that would put
+    digits in every observation, see tidal.tasks.longhorizon)."""
+    return f"{family.file_name(index)}\n{task.files[index]}"
 
 
 class LedgerEnvironment(ToolEnvironment):
@@ -51,6 +52,12 @@ class LedgerEnvironment(ToolEnvironment):
 
     def tools(self):
         return [self.next_file, self.submit]
+
+    def head(self, task_text: str) -> str:
+        """``next_file() submit(code: string)`` and the task: about 60 tokens, paid in every one
+        of an episode's dozen-plus context windows (the generic listing costs 90)."""
+        assert self.toolset is not None
+        return " ".join(t.call_form() for t in self.toolset.tools.values()) + f"\n{task_text}\n"
 
     def next_file(self) -> str:
         """next file"""

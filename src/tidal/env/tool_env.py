@@ -59,7 +59,12 @@ class ToolEnvironment(Environment):
         self.task, self.done = task, False
         text = await self.setup(task)
         self.toolset = ToolSet(self.tools())
-        return f"{self.system_prompt}\nTools:\n{self.toolset.render(self.tool_style)}\n{text}\n"
+        return self.head(text)
+
+    def head(self, task_text: str) -> str:
+        """The context's head, shown in every context window: system prompt, tool listing, task.
+        Override to shorten it (a long-horizon environment pays for it once per window)."""
+        return f"{self.system_prompt}\nTools:\n{self.toolset.render(self.tool_style)}\n{task_text}\n"
 
     async def step(self, action: str) -> StepResult:
         assert self.toolset is not None, "step() before reset()"

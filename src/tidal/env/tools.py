@@ -65,13 +65,17 @@ class Tool:
         return cls(name, doc.split("\n\n")[0].replace("\n", " "), schema, validated,
                    inspect.iscoroutinefunction(fn))
 
-    def signature(self) -> str:
-        """``read(path: string, max_lines?: integer) - Read a file.`` (compact listing)."""
+    def call_form(self) -> str:
+        """``read(path: string, max_lines?: integer)``: the name and typed parameters."""
         props = self.schema.get("properties", {})
         required = set(self.schema.get("required", []))
         params = ", ".join(f"{p}{'' if p in required else '?'}: {_type_name(s)}"
                            for p, s in props.items())
-        return f"{self.name}({params}) - {self.description}"
+        return f"{self.name}({params})"
+
+    def signature(self) -> str:
+        """``read(path: string, max_lines?: integer) - Read a file.`` (compact listing)."""
+        return f"{self.call_form()} - {self.description}"
 
     def json_line(self) -> str:
         return json.dumps({"name": self.name, "description": self.description,

@@ -3,13 +3,13 @@
 A task is a small repository of ``num_files`` files read one at a time (the environment keeps
 the cursor, as a pager does). A few files each hold one step of a function ``f`` as a marked
 comment, in order; the rest is unrelated code. After the last file the agent submits f's code,
-every step in file order on one line ("x = x // 7; x = min(x, 3)"), graded by hidden tests run
+every step in file order on one line ("x//=7;x=min(x,3)"), graded by hidden tests run
 in the sandbox (the funcs family's grader). Example file, as ``next_file`` shows it:
 
-    m03.py (3/38)
-    def scale_3(v):
-        return v * 4
-    # f: x = x // 7
+    m_ac.py
+    def scale_ac(v):
+        return v * rate
+    # f: x//=7
 
 Why it needs memory: the steps sit in the first ``op_zone`` of the files, so when ``f`` is
 written they are many context windows back. A sliding window has dropped them by construction;
@@ -21,7 +21,11 @@ formulaic (open the next file; a summary that copies the code so far and appends
 since; a submit that copies the code), so what there is to learn is exactly the long-horizon
 part: carry the facts through a dozen or more resets. (Steps first stated in words, "multiply by
 five", as the funcs family does, were not learned within a 10-minute mid-training: the word to
-code mapping is rare in the episodes, one or two lines in ~20 summaries.)
+code mapping is rare in the episodes, one or two lines in ~20 summaries.) For the same reason
+the only digits in a task are its steps' constants: file names are letters and the unrelated
+code names its constants. With digits in the filler ("LIMIT_4 = 2", "m04.py (4/39)"), a
+10-minute mid-training learned to carry each step's operator through every summary but not its
+constant (it wrote its favourite digit instead); which digit a step has is the fact to keep.
 
 The held-out split is disjoint by construction, as in funcs: a spec is held out iff a hash of
 its canonical form falls in bucket 0.
@@ -37,7 +41,7 @@ from dataclasses import dataclass
 from tidal.tasks.family import CONST_RANGE, OP_BY_NAME, OPS, Task, _slip, canonical, evaluate, split_specs
 from tidal.tasks.longhorizon_config import LedgerConfig
 
-GENERATOR_VERSION = 3
+GENERATOR_VERSION = 5
 """Bump whenever task text, the expert or the demonstrations change (pretrain cache key)."""
 
 TEST_RANGE = (-30, 30)
@@ -49,18 +53,31 @@ NO_STEPS = "none"
 
 LEDGER_OPS = [op for op in OPS if not op[2].startswith("if ")]
 """The funcs steps that are plain assignments, so the code of f is one line: statements joined by
-"; " (a one-line ``if`` would swallow the statements after it)."""
+";" (a one-line ``if`` would swallow the statements after it)."""
 LEDGER_OP_NAMES = {op[0] for op in LEDGER_OPS}
 
-# Unrelated code, filled with the file's number and a small constant.
+COMPACT_STATEMENTS = {
+    "add": "x+={c}", "sub": "x-={c}", "mul": "x*={c}", "div": "x//={c}", "mod": "x%={c}",
+    "rsub": "x={c}-x", "max": "x=max(x,{c})", "min": "x=min(x,{c})", "neg": "x=-x",
+    "abs": "x=abs(x)", "sq": "x*=x",
+}
+"""Each step as the shortest plain Python statement (the funcs family writes ``x = x + 5``).
+Every byte of a fact is one token the byte-level model must carry through a dozen or more
+summaries, so the family spells facts tersely: ``x+=5;x*=3`` is 9 tokens, ``x = x + 5; x = x * 3``
+is 21."""
+assert set(COMPACT_STATEMENTS) == LEDGER_OP_NAMES
+
+# Unrelated code, filled with the file's letters and a named constant: no digits (see above).
 FILLER = [
     "def scale_{k}(v):\n    return v * {c}",
-    "LIMIT_{k} = {c}",
+    "LIMIT_{K} = {c}",
     "def shift_{k}(v):\n    return v + {c}",
-    "NAMES_{k} = ['a', 'b']",
+    "NAMES_{K} = ['a', 'b']",
     "# tidy up module {k}",
     "def clip_{k}(v):\n    return min(v, {c})",
 ]
+FILLER_CONSTANTS = ["rate", "step", "top", "size", "LOW", "HIGH", "base"]
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 @dataclass(frozen=True)
@@ -92,12 +109,19 @@ class LedgerTask:
 
 
 def statement(name: str, c: int) -> str:
-    return OP_BY_NAME[name][2].format(c=c)
+    return COMPACT_STATEMENTS[name].format(c=c)
 
 
 def code_text(spec) -> str:
-    """What the agent submits and its summaries carry: ``x = x * 5; x = x + 7``."""
-    return "; ".join(statement(n, c) for n, c in spec)
+    """What the agent submits and its summaries carry: ``x*=5;x+=7``."""
+    return ";".join(statement(n, c) for n, c in spec)
+
+
+def longest_code(steps: int) -> str:
+    """The longest code line of ``steps`` steps (constants up to 10, a slip's reach): how much room
+    a summary or a submission needs (byte tokens)."""
+    longest = max((statement(n, c) for n, c in _all_steps(range(0, CONST_RANGE[1] + 2))), key=len)
+    return ";".join([longest] * steps)
 
 
 def body_text(code: str) -> str:
@@ -105,14 +129,21 @@ def body_text(code: str) -> str:
     return "    " + code.strip() + "\n    return x\n"
 
 
+def file_letters(index: int) -> str:
+    """``aa``, ``ab``, ... ``zz``: a file's name without digits."""
+    return LETTERS[index // len(LETTERS)] + LETTERS[index % len(LETTERS)]
+
+
 def file_name(index: int) -> str:
-    return f"m{index + 1:02d}.py"
+    return f"m_{file_letters(index)}.py"
 
 
 def file_text(index: int, step: tuple[str, int] | None, rng: random.Random, filler_lines: int) -> str:
     """One file: ``filler_lines`` lines of unrelated code, and the step's comment (if any) at a
     random place among them."""
-    lines = [rng.choice(FILLER).format(k=index + 1, c=rng.randint(*CONST_RANGE)) for _ in range(filler_lines)]
+    k = file_letters(index)
+    lines = [rng.choice(FILLER).format(k=k, K=k.upper(), c=rng.choice(FILLER_CONSTANTS))
+             for _ in range(filler_lines)]
     if step is not None:
         lines.insert(rng.randint(0, len(lines)), STEP_MARK + statement(*step))
     return "\n".join(lines) + "\n"
@@ -182,8 +213,10 @@ def parse_steps(text: str) -> list[tuple[str, int]]:
 
 
 def parse_code(code: str) -> list[tuple[str, int]]:
-    """The steps of a code line (a summary) the expert wrote; unknown statements are skipped."""
-    return [STATEMENT_TO_STEP[s.strip()] for s in code.split(";") if s.strip() in STATEMENT_TO_STEP]
+    """The steps of a code line (a summary or a submission), spaces ignored; statements not in the
+    family's compact form are skipped."""
+    statements = [s.replace(" ", "") for s in code.split(";")]
+    return [STATEMENT_TO_STEP[s] for s in statements if s in STATEMENT_TO_STEP]
 
 
 def summary_text(memory: list[tuple[str, int]]) -> str:

@@ -6,9 +6,10 @@ from tidal.section import Section
 
 
 class LedgerConfig(Section):
-    num_files: int = Field(24, ge=2, le=999)
+    num_files: int = Field(24, ge=2, le=676)
     """Files per task, read one by one; the episode's length in tokens grows with it (~60 tokens
-    a file). Choose it so that an episode is several context windows long."""
+    a file). Choose it so that an episode is several context windows long. At most 676 (files are
+    named by two letters)."""
     min_ops: int = Field(2, ge=1)
     """Fewest steps of f hidden in the files (each in its own file)."""
     max_ops: int = Field(2, ge=1)

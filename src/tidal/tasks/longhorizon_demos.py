@@ -8,7 +8,7 @@ summaries, resets — token for token, with no second copy of the format to drif
 
 What the expert knows is only its context: the summary carried into it (believed, even when a
 slip garbled it) and the files shown since. When asked for a summary it writes the code of f
-found so far ("x = x * 5; x = x + 7"); with probability ``summary_slip_rate`` that summary drops or garbles a step, and
+found so far ("x*=5;x+=7"); with probability ``summary_slip_rate`` that summary drops or garbles a step, and
 the episode then ends with a wrong f, so the mid-trained model keeps facts only most of the time
 and RL has something to fix.
 
