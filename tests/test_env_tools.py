@@ -82,6 +82,7 @@ def test_tool_schema_comes_from_type_hints_and_docstring():
     assert put.schema["properties"] == {"name": {"type": "string"}, "value": {"type": "integer"}}
     assert put.schema["required"] == ["name", "value"]
     assert put.signature() == "put(name: string, value: integer) - Store an integer under a name."
+    assert put.call_form() == "put(name: string, value: integer)"
     line = json.loads(put.json_line())
     assert line["name"] == "put" and line["parameters"]["additionalProperties"] is False
 

@@ -1,6 +1,6 @@
 """Long-horizon success: RL with self-summarization vs the same RL budget with a sliding window.
 
-    tidal bench horizon --json horizon.json                 # ~27 min on 2 CPU cores
+    tidal bench horizon --json horizon.json                 # ~28 min on 2 CPU cores
     tidal bench horizon --quick --json horizon.json         # ~10 min, smaller budgets
 
 On the "ledger" family (tidal.tasks.longhorizon: the steps of f are read early, in files many
