@@ -479,6 +479,8 @@ class Engine:
         prefix there (swapping rows). Returns how many prompt tokens it already holds (at most
         all but the last, whose logits the first token needs). Slots ``slot..admitting_end-1``
         are being filled now, so a displaced parked cache moves beyond them."""
+        if not self._parked:
+            return 0
         best, best_blocks = None, 0
         wanted = _block_hashes(prompt)
         for held_slot, (_, hashes) in self._parked.items():
