@@ -15,4 +15,6 @@ BENCHMARKS = {
                  "engine-vs-trainer logprob mismatch and tokens/s: deterministic vs fast numerics"),
     "horizon": ("tidal.bench.horizon_bench", "long-horizon success: RL with self-summarization vs a sliding window"),
     "sync": ("tidal.bench.sync_bench", "weight sync: delta codec vs XOR+zstd and the entropy bound; WAN vs rsync"),
+    "multiturn": ("tidal.bench.multiturn_bench",
+                  "multi-turn rollout time with the engine's prefix cache vs prefilling every turn"),
 }
