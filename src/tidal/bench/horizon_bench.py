@@ -1,7 +1,7 @@
 """Long-horizon success: RL with self-summarization vs the same RL budget with a sliding window.
 
     tidal bench horizon --json horizon.json                 # ~28 min on 2 CPU cores
-    tidal bench horizon --quick --json horizon.json         # ~10 min, smaller budgets
+    tidal bench horizon --quick --json horizon.json         # smaller budgets (QUICK; not timed)
 
 On the "ledger" family (tidal.tasks.longhorizon: the steps of f are read early, in files many
 context windows before f is written), at each context window W:
@@ -45,8 +45,8 @@ import os
 import statistics
 import time
 import uuid
-from typing import Literal
 from pathlib import Path
+from typing import Literal
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -76,7 +76,8 @@ class HorizonBenchConfig(Section):
     so every ~200 tokens end in a summary that copies the steps' constants. On the real windows
     a summary comes every 400-500 tokens, and 10 minutes of that taught a tiny model each step's
     operator but not its digit; the short contexts make the copy signal 2-3x denser per token.
-    (272 is the least window where a file, the submit turn and a summary fit together.)"""
+    (At 272 a file, the submit turn and a summary fit in one context; at 256 they do not, and
+    the expert's episode never ends.)"""
     drill_files: int = Field(12, ge=2)
     """Files per drill task (its episodes are short: only the copying is drilled)."""
     drill_s: float = Field(300.0, ge=0)
@@ -163,7 +164,8 @@ def expert_stats(cfg, window: int, n: int = 8) -> dict:
     from tidal.tasks.longhorizon import sample_tasks
     from tidal.tasks.longhorizon_demos import play_expert
 
-    results = play_expert(sample_tasks(cfg, n, 7, False), window, 0.0, 0, harness_for(window, "summarize"))
+    results = play_expert(sample_tasks(cfg, n, 7, False), window, 0.0, 0,
+                          harness_for(window, "summarize", max_ops=cfg.max_ops))
     return {"effective_horizon": [r.effective_horizon for r in results],
             "model_tokens": [r.model_tokens for r in results],
             "turns": [r.turns for r in results],
@@ -193,7 +195,7 @@ class WindowSetup:
         self.max_tokens = 2 * max(self.expert["model_tokens"])
 
     def harness(self, mode: str):
-        return harness_for(self.window, mode, self.max_turns, self.max_tokens)
+        return harness_for(self.window, mode, self.max_turns, self.max_tokens, self.ledger.max_ops)
 
 
 # ---------------------------------------------------------------- mid-training
@@ -258,7 +260,7 @@ def midtrain(bc: HorizonBenchConfig, setups: list[WindowSetup], progress: bool) 
         drill_cfg.pretrain.seq_len = bc.drill_window
         drill_cfg.pretrain.time_budget_s = bc.drill_s
         facts["drill"] = _midtrain_stage(
-            drill_cfg, staging / "drill", [(drill, bc.drill_window, harness_for(bc.drill_window, "summarize"))],
+            drill_cfg, staging / "drill", [(drill, bc.drill_window, harness_for(bc.drill_window, "summarize", max_ops=drill.max_ops))],
             episodes, bc.seed + 100, progress)
         cfg.model.init_from = str(staging / "drill" / MODEL_DIR)
     per_window = max(1, bc.demo_episodes // len(setups))

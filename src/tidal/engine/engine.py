@@ -38,7 +38,7 @@ Not thread-safe: call ``submit``/``step``/``load_weights`` from one thread (an a
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -141,7 +141,7 @@ class Engine:
         self._batch: _Batch | None = None  # None = running set changed, rebuild
         self._next_id = 0
         self._finished_elsewhere: list[GenerationResult] = []  # seen by generate(), not its own
-        self._parked: OrderedDict[int, tuple[list[int], list[int]]] = OrderedDict()
+        self._parked: dict[int, tuple[list[int], list[int]]] = {}
         """Free slot -> the tokens whose keys/values it still holds (a finished sequence but its
         last token, which was never fed) and their block hashes."""
         self.prefill_tokens = 0
@@ -411,7 +411,6 @@ class Engine:
             seq = self._running.pop(slot)
             start, end = seq.prompt_len, ends[i]
             if self.cfg.prefix_cache:
-                self._parked.pop(slot, None)
                 held = tokens[i][: end - 1]  # the last token was never fed
                 self._parked[slot] = (held, _block_hashes(held))
             token_ids = tokens[i][start:end]
@@ -444,7 +443,7 @@ class Engine:
             # Swap rather than overwrite: the holes' parked caches move to the movers' old slots.
             self._swap_rows(movers, holes)
             moved = dict(zip(holes, movers))
-            self._parked = OrderedDict((moved.get(k, k), v) for k, v in self._parked.items())
+            self._parked = {moved.get(k, k): v for k, v in self._parked.items()}
             return
         src = torch.tensor(movers, device=self.device)
         dst = torch.tensor(holes, device=self.device)
@@ -495,7 +494,7 @@ class Engine:
                 best_len = start + _common_prefix(held[start: start + PREFIX_BLOCK],
                                                   prompt[start: start + PREFIX_BLOCK])
         best_len = min(best_len, len(prompt) - 1)
-        if best is None or best_len < PREFIX_BLOCK:
+        if best_len < PREFIX_BLOCK:
             self._displace(slot, admitting_end)
             return 0
         del self._parked[best]

@@ -166,10 +166,3 @@ def rope_table(head_dim: int, theta: float, n: int, device) -> tuple[torch.Tenso
     freqs = torch.arange(n, device=device).float()[:, None] * inv_freq
     angles = torch.cat((freqs, freqs), dim=-1)
     return angles.cos(), angles.sin()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """HF's x * cos + rotate_half(x) * sin; x [N, heads, D], cos/sin [N, 1, D]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin

@@ -34,7 +34,6 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tidal.kernels import reference
-from tidal.kernels.moe_model import apply_rope
 from tidal.kernels.routing import sort_by_expert
 
 MODES = ("fast", "deterministic")
@@ -62,7 +61,8 @@ class FastOps:
         out = out if out_dtype is None else out.to(out_dtype)
         return out if residual is None else residual + out
 
-    rope_at = staticmethod(lambda table, pos, dtype: rope_rows(table, pos, dtype))
+    def rope_at(self, table, pos, dtype):
+        return rope_rows(table, pos, dtype)
 
     def self_attention(self, qkv, q_norm, k_norm, rope, cache_k, cache_v, slot, pos, seg_lens,
                        span, heads, eps):
@@ -257,6 +257,13 @@ class DeterministicOps:
         y = y.view(m, k, -1).float() * weights.float()[..., None]
         out = ordered_sum(y.unbind(1)).to(x.dtype)
         return out if residual is None else residual + out
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF's x * cos + rotate_half(x) * sin; x [N, heads, D], cos/sin [N, 1, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
 
 
 def rope_rows(table, pos, dtype):

@@ -111,8 +111,8 @@ class DeterministicWeights:
         d = self.head_dim
         q_scale, k_scale = (1.0, d**0.5) if self.folded else (d**-0.5, 1.0)
         q_norm, k_norm = self._cast(attn.q_norm.weight), self._cast(attn.k_norm.weight)
-        experts_gate_up = [] if dense else self._folded(mlp.experts.gate_up_proj, post).unbind(0)
-        experts_down = [] if dense else self._cast(mlp.experts.down_proj).unbind(0)
+        experts_gate_up = None if dense else self._folded(mlp.experts.gate_up_proj, post)  # [E, 2I, H]
+        experts_down = None if dense else self._cast(mlp.experts.down_proj)  # [E, H, I]
         return _Layer(
             input_norm=self._norm_weight(layer.input_layernorm.weight),
             qkv=self._linear(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight,
@@ -124,19 +124,18 @@ class DeterministicWeights:
             gate_up=self._linear(mlp.gate_proj.weight, mlp.up_proj.weight, norm=post) if dense else None,
             down=self._linear(mlp.down_proj.weight) if dense else None,
             router=None if dense else self._linear(mlp.gate.weight, norm=post),
-            experts_gate_up=[DeterministicLinear(w) for w in experts_gate_up],
-            experts_down=[DeterministicLinear(w) for w in experts_down],
-            **({} if dense else self._few_token_experts(mlp, post)),
+            experts_gate_up=[] if dense else [DeterministicLinear(w) for w in experts_gate_up.unbind(0)],
+            experts_down=[] if dense else [DeterministicLinear(w) for w in experts_down.unbind(0)],
+            **({} if dense else self._few_token_experts(mlp, post, experts_gate_up, experts_down)),
         )
 
-    def _few_token_experts(self, mlp, post: torch.Tensor) -> dict:
+    def _few_token_experts(self, mlp, post: torch.Tensor, gate_up: torch.Tensor,
+                           down: torch.Tensor) -> dict:
         """numerics/moe.py's fused matrices, for the engine's fp32 oneDNN path only (the trainer
-        never runs few tokens through them, and their bit-equality is measured for oneDNN)."""
+        never runs few tokens through them, and their bit-equality is measured for oneDNN).
+        gate_up [E, 2I, H] (norm folded) and down [E, H, I]: the layer's expert weights."""
         if self.trainable or not self.folded or not onednn_usable(mlp.gate.weight):
             return {"router_gate_up": None, "down_blocks": None}
-        experts = mlp.experts
-        gate_up = self._folded(experts.gate_up_proj, post)
-        down = self._cast(experts.down_proj)  # [E, H, I]
         return {
             "router_gate_up": DeterministicLinear(torch.cat(
                 (self._folded(mlp.gate.weight, post), gate_up.flatten(0, 1)))),
@@ -240,4 +239,3 @@ def _attention(w: DeterministicWeights, layer: _Layer, x, cos, sin, bias, plan, 
         keys = kc[plan.rows, :, :length].to(x.dtype)
         values = vc[plan.rows, :, :length].to(x.dtype)
     return layer.o(attention(q, keys, values, bias))
-

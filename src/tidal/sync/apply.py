@@ -108,7 +108,9 @@ def apply_form(manifest: WeightManifest, payload_of: Callable[[int], bytes],
                     decode_chunk(payload_of(i), target)
                 hashes.chunk_done(i, not in_place or undos[i] is not None)
 
-            run_in_order(decode, len(manifest.chunks), threads)
+            with ThreadPoolExecutor(max(threads, 1)) as pool:
+                # map submits in order, raises the first failure, cancels what has not started.
+                list(pool.map(decode, range(len(manifest.chunks))))
             if timeline is not None:
                 timeline["decode_done"] = time.time()
             got = hashes.digests()
@@ -122,20 +124,6 @@ def apply_form(manifest: WeightManifest, payload_of: Callable[[int], bytes],
             undo_all(undos)
         raise
     return tensors
-
-
-def run_in_order(job: Callable[[int], None], n: int, threads: int) -> None:
-    """job(0..n-1) on ``threads`` threads, started in order; the first failure is raised after
-    every started job has finished (those not started are cancelled)."""
-    with ThreadPoolExecutor(max(threads, 1)) as pool:
-        futures = [pool.submit(job, i) for i in range(n)]
-        try:
-            for f in futures:
-                f.result()
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
 
 
 def digests(tensors: list[TensorBits], known: dict[int, str] | None = None, threads: int = 2) -> list[str]:

@@ -120,8 +120,7 @@ def code_text(spec) -> str:
 def longest_code(steps: int) -> str:
     """The longest code line of ``steps`` steps (constants up to 10, a slip's reach): how much room
     a summary or a submission needs (byte tokens)."""
-    longest = max((statement(n, c) for n, c in _all_steps(range(0, CONST_RANGE[1] + 2))), key=len)
-    return ";".join([longest] * steps)
+    return ";".join([max(STATEMENT_TO_STEP, key=len)] * steps)
 
 
 def body_text(code: str) -> str:
