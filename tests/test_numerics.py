@@ -258,3 +258,63 @@ def test_moe_stacked_route_for_few_tokens_equals_the_per_expert_route(monkeypatc
                 per_expert, own_p = moe.sparse_moe(layer, h[:, :rows], 2, True, ids)
                 assert same_bits(stacked, per_expert), rows
                 assert torch.equal(own_s, own_p)
+
+
+# ------------------------------------------------------------------ the start-up probe
+
+
+def _break_path(monkeypatch, path: str):
+    """Make DeterministicLinear's ``path`` non-invariant: rows of calls with an odd row count get
+    one ulp added, as a kernel that changes its blocking with the row count would."""
+    from tidal.numerics import ops, probe
+
+    honest = ops.DeterministicLinear.__call__
+
+    def call(self, x):
+        out = honest(self, x)
+        rows = x.numel() // x.shape[-1]
+        if self.path == path and rows % 2:
+            out = torch.nextafter(out, torch.full_like(out, float("inf")))
+        return out
+
+    monkeypatch.setattr(ops.DeterministicLinear, "__call__", call)
+    probe.clear_cache()
+    monkeypatch.setattr(probe, "_CACHE", {})
+
+
+def test_probe_takes_the_next_path_when_an_op_fails_its_check(monkeypatch):
+    """An injected non-invariant linear: the probe rejects it, the forward runs the next path
+    (reduce) and the engine's logprobs still equal the trainer's bit for bit."""
+    from tidal.numerics import probe
+
+    _break_path(monkeypatch, "onednn")
+    paths = probe.choose_paths(torch.float32)
+    assert paths.linear == "reduce"
+    rejected = paths.results[0].candidates[0]
+    assert rejected.path == "onednn" and not rejected.holds and "rows" in rejected.failure
+    policy = build_model(preset("tiny-moe").model_copy(update={"num_hidden_layers": 1}), seed=0)
+    results = _generate_rounds(copy.deepcopy(policy), [1, 3], new_tokens=4)
+    assert policy.deterministic_weights(torch.float32).paths.linear == "reduce"
+    trainer = Trainer(policy, TrainerConfig(micro_batch_size=2), temperature=0.8)
+    totals = trainer.accumulate_gradients(collate(_trajectories(results), pad_id=0, normalize_std=True))
+    assert totals["mismatch_bitwise_equal_fraction"] == 1.0
+
+
+def test_broken_path_is_caught_by_the_bitwise_check_itself(monkeypatch):
+    """The injection is a real fault: forced onto the broken path, batch sizes disagree."""
+    from tidal.numerics import ops
+
+    _break_path(monkeypatch, "onednn")
+    g = torch.Generator().manual_seed(0)
+    linear = ops.DeterministicLinear(torch.randn(64, 32, generator=g), "onednn")
+    x = torch.randn(8, 32, generator=g)
+    assert not same_bits(linear(x[:3]), linear(x)[:3])
+
+
+def test_no_path_that_holds_refuses_to_run_deterministic(monkeypatch):
+    from tidal.numerics import probe
+
+    _break_path(monkeypatch, "onednn")
+    monkeypatch.setattr(probe, "rows_invariant", lambda fn, x, threads: "injected failure")
+    with pytest.raises(probe.DeterminismUnavailable, match="linear.*numerics"):
+        probe.choose_paths(torch.float32)

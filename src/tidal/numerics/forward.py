@@ -31,8 +31,9 @@ from tidal.model.rope import apply_rope_fused
 from tidal.numerics.moe import sparse_moe
 from tidal.numerics.ops import (
     KEY_BLOCK, DeterministicLinear, attention, attention_bias, fold_norm_weight, folded_rms_norm,
-    onednn_usable, rms_norm, silu,
+    rms_norm, silu,
 )
+from tidal.numerics.probe import ProbeShapes, choose_paths
 
 if TYPE_CHECKING:
     from tidal.model.kv_cache import KVCache
@@ -75,6 +76,8 @@ class DeterministicWeights:
             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         self.top_k, self.norm_topk_prob = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.folded = dtype == torch.float32
+        self.paths = choose_paths(dtype, ProbeShapes.of_model(cfg))
+        """The ops' paths that hold on this machine (probe.py), the same in every process."""
         self.hidden_eps = torch.tensor(cfg.hidden_size * self.eps, dtype=dtype)
         self.head_eps = torch.tensor(cfg.head_dim * self.eps, dtype=dtype)
         self._sources = [p for p in model.parameters()]
@@ -98,7 +101,8 @@ class DeterministicWeights:
         return fold_norm_weight(matrix, self._cast(norm))
 
     def _linear(self, *parts: torch.Tensor, norm: torch.Tensor | None = None) -> DeterministicLinear:
-        return DeterministicLinear(self._folded(torch.cat(parts) if len(parts) > 1 else parts[0], norm))
+        return DeterministicLinear(self._folded(torch.cat(parts) if len(parts) > 1 else parts[0], norm),
+                                   self.paths.linear)
 
     def _norm_weight(self, weight: torch.Tensor) -> torch.Tensor | None:
         """The weight a norm applies itself: None when folded into the matmul after it."""
@@ -124,22 +128,26 @@ class DeterministicWeights:
             gate_up=self._linear(mlp.gate_proj.weight, mlp.up_proj.weight, norm=post) if dense else None,
             down=self._linear(mlp.down_proj.weight) if dense else None,
             router=None if dense else self._linear(mlp.gate.weight, norm=post),
-            experts_gate_up=[] if dense else [DeterministicLinear(w) for w in experts_gate_up.unbind(0)],
-            experts_down=[] if dense else [DeterministicLinear(w) for w in experts_down.unbind(0)],
+            experts_gate_up=[] if dense else [DeterministicLinear(w, self.paths.linear)
+                                              for w in experts_gate_up.unbind(0)],
+            experts_down=[] if dense else [DeterministicLinear(w, self.paths.linear)
+                                           for w in experts_down.unbind(0)],
             **({} if dense else self._few_token_experts(mlp, post, experts_gate_up, experts_down)),
         )
 
     def _few_token_experts(self, mlp, post: torch.Tensor, gate_up: torch.Tensor,
                            down: torch.Tensor) -> dict:
-        """numerics/moe.py's fused matrices, for the engine's fp32 oneDNN path only (the trainer
-        never runs few tokens through them, and their bit-equality is measured for oneDNN).
-        gate_up [E, 2I, H] (norm folded) and down [E, H, I]: the layer's expert weights."""
-        if self.trainable or not self.folded or not onednn_usable(mlp.gate.weight):
+        """numerics/moe.py's fused matrices, for the engine only (the trainer never runs few
+        tokens through them), where the probe found the stacked route equal to the per-expert
+        one (``paths.moe_stacked``). gate_up [E, 2I, H] (norm folded) and down [E, H, I]: the
+        layer's expert weights."""
+        if self.trainable or not self.paths.moe_stacked:
             return {"router_gate_up": None, "down_blocks": None}
+        path = self.paths.linear
         return {
             "router_gate_up": DeterministicLinear(torch.cat(
-                (self._folded(mlp.gate.weight, post), gate_up.flatten(0, 1)))),
-            "down_blocks": DeterministicLinear(down.permute(1, 0, 2).flatten(1)),
+                (self._folded(mlp.gate.weight, post), gate_up.flatten(0, 1))), path),
+            "down_blocks": DeterministicLinear(down.permute(1, 0, 2).flatten(1), path),
         }
 
     def _versions(self) -> list[int]:
@@ -154,13 +162,13 @@ class DeterministicWeights:
         """RMSNorm over the hidden size; weight None: folded (ops.folded_rms_norm)."""
         if weight is None:
             return folded_rms_norm(x, self.hidden_eps)
-        return rms_norm(x, weight, self.eps)
+        return rms_norm(x, weight, self.eps, self.paths.rms_norm)
 
     def norm_heads(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """q_norm / k_norm over each head's D, times the per-head weight [heads, D]."""
         if self.folded:
             return folded_rms_norm(x, self.head_eps) * weight
-        return rms_norm(x, None, self.eps) * weight
+        return rms_norm(x, None, self.eps, self.paths.rms_norm) * weight
 
 
 def deterministic_forward(
@@ -207,11 +215,11 @@ def deterministic_forward(
         h = w.norm_hidden(x, layer.post_norm)
         if layer.router is None:
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(silu(gate) * up)
+            x = x + layer.down(silu(gate, w.paths.silu) * up)
             expert_ids.append(None)
         else:
             out, ids = sparse_moe(layer, h, w.top_k, w.norm_topk_prob,
-                                  None if replay is None else replay[:, i])
+                                  None if replay is None else replay[:, i], w.paths.silu)
             x = x + out
             expert_ids.append(ids)
     if logits_at is not None:
@@ -238,4 +246,4 @@ def _attention(w: DeterministicWeights, layer: _Layer, x, cos, sin, bias, plan, 
         plan.through_cache(kc, vc, k, v)  # writes the new keys/values; we read whole blocks
         keys = kc[plan.rows, :, :length].to(x.dtype)
         values = vc[plan.rows, :, :length].to(x.dtype)
-    return layer.o(attention(q, keys, values, bias))
+    return layer.o(attention(q, keys, values, bias, w.paths.attention))

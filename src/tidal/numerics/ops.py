@@ -4,24 +4,24 @@ many other rows (batch size, sequence length, cached keys) share the call.
 Why: RL compares the engine's sampling logprob with the trainer's recomputation of it. The engine
 decodes one token against a KV cache inside a batch of whatever size is running; the trainer
 runs the full sequence in a padded batch. With torch's default kernels the two differ in the last
-bits, because a kernel picks its summation order by the shape of the call. Measured on this
-project's CPU (torch 2.13, AMD EPYC, 1 and 2 threads; tests/test_numerics.py re-checks them):
+bits, because a kernel picks its summation order by the shape of the call.
 
-- fp32 ``F.linear`` (MKL) gives different bits for 1, 2-3 and >= 4 rows, and with 2 threads also
-  between large row counts; oneDNN's linear on a weight packed once gives the same bits for every
-  row count and thread count -> ``DeterministicLinear`` (fp32). bf16 ``F.linear`` is row-invariant.
-- fp32 batched ``matmul`` is row-invariant from 4 rows per matrix, whatever the column count,
-  batch count or thread count; 1-3 rows take other kernels -> ``attention`` pads to 4 rows.
-- ``scaled_dot_product_attention`` for one query against a cache differs from the full causal
-  forward (its reductions run over the key length) -> ``attention`` sums over fixed-size key
-  blocks and combines the blocks strictly in order, so keys past a query, whether masked
-  future keys or an unused cache tail, add exact zeros and change nothing.
-- fp32 ``F.silu`` / ``sigmoid`` take a scalar path for a tensor's tail elements whose rounding
-  differs from the vector path: invariant when rows are a whole number of vectors (a last dim
-  that is a multiple of ``VECTOR_MULTIPLE``), so ``silu`` uses it there and x / (1 + exp(-x))
-  otherwise (exp, add, divide are the same in both paths). bf16 ``rsqrt`` likewise depends on
-  length; ``F.rms_norm`` (fp32 statistics) is invariant at such widths, else norms are composed.
-- Row reductions (sum, mean, amax), exp, softmax, log_softmax, elementwise +, *, / are invariant.
+Two kinds of guarantee, kept apart:
+
+- By construction (holds on any CPU): ``attention`` sums p @ v over fixed blocks of KEY_BLOCK keys
+  combined strictly in order, so keys past a query (masked future keys, an unused cache tail) add
+  exact zeros, and the key length never changes a row's reduction; the q heads of a kv head are
+  padded to at least MIN_MATMUL_ROWS matmul rows, so a decode step (T = 1) and a prefill run the
+  same shapes per matrix. The bf16 ``fp32-accumulate`` linear upcasts exactly and rounds once, so
+  it inherits the fp32 kernel's invariance. Elementwise +, *, /, exp, fma and sqrt round once per element.
+- Facts of a kernel on one machine (instruction set, dtype, thread count): whether oneDNN's packed
+  fp32 linear, bf16 ``F.linear``, batched matmul, softmax and torch's fused silu / rms_norm give
+  a row the same bits whatever else is in the call. They differ between machines of one kind (bf16
+  ``F.linear`` holds on an AMD EPYC with native bf16 and fails on an Intel Xeon without it, at
+  row counts like 7, 13, 51), so none is assumed: ``tidal.numerics.probe`` checks each op's
+  candidate paths at start-up at the model's shapes and the forward runs the first that holds.
+  ``tidal doctor`` prints the outcome. Tests run the bitwise suite at every instruction-set level
+  the machine supports (``ONEDNN_MAX_CPU_ISA``, ``ATEN_CPU_CAPABILITY``).
 """
 
 from __future__ import annotations
@@ -30,12 +30,10 @@ import torch
 import torch.nn.functional as F
 
 MIN_MATMUL_ROWS = 4
-"""fp32 batched matmul is row-invariant from this many rows per matrix (see module docs)."""
+"""Rows per matrix ``attention`` pads its matmuls to, so one query (decode) and many (prefill)
+take the same kernels (1-3 rows take other kernels in MKL's batched matmul)."""
 KEY_BLOCK = 64
 """Keys per attention block; a KV cache used with ``attention`` holds a multiple of it."""
-VECTOR_MULTIPLE = 32
-"""Row widths (elements) at which torch's fused silu / rms_norm kernels have no scalar tail:
-measured invariant at 32..512, fp32 and bf16, views and copies, 1 and 2 threads."""
 _PACK_HINT_ROWS = 64
 """Batch size oneDNN lays packed weights out for; fixed, so every packing gives the same layout
 (measured the same from 2 to 256 rows)."""
@@ -73,26 +71,61 @@ class _PackedLinearFunction(torch.autograd.Function):
         return grad_x, grad_w, None
 
 
+LINEAR_PATHS: dict[torch.dtype, tuple[str, ...]] = {
+    torch.float32: ("onednn", "reduce"),
+    torch.bfloat16: ("native", "fp32-accumulate", "reduce"),
+}
+"""Candidate paths of ``DeterministicLinear`` per dtype, fastest first; probe.py picks the first
+that is batch-invariant here. onednn: oneDNN's linear on a weight packed once (fp32). native:
+``F.linear`` in the dtype. fp32-accumulate: the bf16 operands upcast to fp32 (exact: a bf16 value
+is an fp32 value, and so is the product of two), oneDNN's packed fp32 linear, one rounding to
+bf16 at the end; on a CPU without native bf16 it is also ~4x faster than bf16 ``F.linear``.
+reduce: no GEMM at all: each output is the elementwise product of its row and the weight's row,
+summed by ATen's row reduction (``sum(-1)``) in fp32, whose order depends only on the input width
+(a one-row GEMM call is no way out: MKL's fp32 GEMV changes with the thread count); ~10-50x slower
+than a GEMM, the last resort."""
+REDUCE_CHUNK_ELEMENTS = 1 << 22
+"""The reduce path's temporary [rows, out, in] product is made this many elements at a time."""
+
+
 class DeterministicLinear:
-    """y = x @ weight.T, row-invariant. ``weight`` [out, in] may require grad (trainer): the
-    packed copy is then made per call (a copy of the matrix, cheap beside the matmul)."""
+    """y = x @ weight.T, row-invariant on the path ``path`` (LINEAR_PATHS; None: the first
+    candidate for the weight's dtype, unchecked: probe.choose_paths gives the checked one).
+    ``weight`` [out, in] may require grad (trainer): a packed copy is then made per call (a copy
+    of the matrix, cheap beside the matmul)."""
 
-    __slots__ = ("weight", "packed", "onednn")
+    __slots__ = ("weight", "packed", "path", "wide")
 
-    def __init__(self, weight: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, path: str | None = None):
         self.weight = weight
-        self.onednn = onednn_usable(weight)  # decided once: this is called ~20 times per decode step
+        self.path = path or LINEAR_PATHS.get(weight.dtype, ("native",))[0]
+        self.wide = weight.dtype != torch.float32 and self.path != "native"
+        """The path computes in fp32 and rounds once at the end."""
+        if self.path in ("onednn", "fp32-accumulate") and not onednn_usable(weight.float()):
+            raise ValueError(f"linear path {self.path!r} needs oneDNN on the CPU")
         self.packed = None
-        if self.onednn and not weight.requires_grad:
-            self.packed = pack_for_onednn(weight)
+        if self.path in ("onednn", "fp32-accumulate") and not weight.requires_grad:
+            self.packed = pack_for_onednn(weight.float())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
-        if not self.onednn:  # bf16 (row-invariant as is), or no oneDNN
+        path = self.path
+        if path == "native":
             return F.linear(x, self.weight)
-        packed = pack_for_onednn(self.weight)
-        return _PackedLinearFunction.apply(x, self.weight, packed)
+        wx = x.float() if self.wide else x
+        if path == "reduce":
+            weight = self.weight.float() if self.wide else self.weight
+            rows = wx.reshape(-1, wx.shape[-1])
+            chunk = max(1, REDUCE_CHUNK_ELEMENTS // weight.numel())
+            pieces = [(rows[i : i + chunk, None, :] * weight).sum(-1)
+                      for i in range(0, rows.shape[0], chunk)]
+            out = torch.cat(pieces) if pieces else rows.new_zeros(0, weight.shape[0])
+            out = out.view(*x.shape[:-1], weight.shape[0])
+        elif self.packed is not None:
+            out = torch.ops.mkldnn._linear_pointwise(wx, self.packed, None, "none", [], "")
+        else:
+            weight = self.weight.float() if self.wide else self.weight
+            out = _PackedLinearFunction.apply(wx, weight, pack_for_onednn(weight))
+        return out.to(x.dtype) if self.wide else out
 
 
 def fold_norm_weight(matrix: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
@@ -115,24 +148,47 @@ def folded_rms_norm(x: torch.Tensor, width_eps: torch.Tensor) -> torch.Tensor:
     return x / torch.addcmul(width_eps, norm, norm).sqrt_()
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """RMSNorm: torch's fused kernel at whole-vector widths, else qwen3.RMSNorm's composed math
-    (fp32 statistics, cast back before the weight), so bf16 never reaches rsqrt. Weight None:
-    the normalised x alone."""
-    if x.shape[-1] % VECTOR_MULTIPLE == 0:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, path: str = "torch") -> torch.Tensor:
+    """RMSNorm on the path ``path`` (ROWWISE_PATHS): torch's fused kernel, or qwen3.RMSNorm's
+    composed math (fp32 statistics, cast back before the weight, so bf16 never reaches rsqrt).
+    Weight None: the normalised x alone."""
+    if path == "torch":
         return F.rms_norm(x, x.shape[-1:], weight, eps)
     h = x.float()
     h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return h if weight is None else weight * h
 
 
-def silu(x: torch.Tensor) -> torch.Tensor:
-    """x * sigmoid(x): torch's kernel at whole-vector widths, else x / (1 + exp(-x)) in fp32,
-    cast back (see the module docs for why)."""
-    if x.shape[-1] % VECTOR_MULTIPLE == 0:
+def silu(x: torch.Tensor, path: str = "torch") -> torch.Tensor:
+    """x * sigmoid(x) on the path ``path``: torch's kernel, or x / (1 + exp(-x)) in fp32, cast
+    back (exp, add and divide round the same in torch's vector and scalar code)."""
+    if path == "torch":
         return F.silu(x)
     h = x.float()
     return (h / (1.0 + torch.exp(-h))).to(x.dtype)
+
+
+ROWWISE_PATHS: dict[str, tuple[str, ...]] = {
+    "silu": ("torch", "composed"),
+    "rms_norm": ("torch", "composed"),
+    "folded_rms_norm": ("composed",),
+    "softmax": ("torch",),
+}
+"""Candidate paths of the row-wise ops, fastest first. torch's fused kernels take a scalar path
+for a tensor's tail elements whose rounding can differ from the vector path (measured on fp32
+silu and bf16 rsqrt at widths that are not a multiple of the vector), so whether they hold
+depends on the width, the dtype and the instruction set: probe.py checks at the model's widths."""
+
+
+def rowwise_op(op: str, path: str):
+    """The one-argument function probe.py checks for a row-wise op on a path."""
+    eps = torch.tensor(1e-6)
+    return {
+        "silu": lambda x: silu(x, path),
+        "rms_norm": lambda x: rms_norm(x, None, 1e-6, path),
+        "folded_rms_norm": lambda x: folded_rms_norm(x, (x.shape[-1] * eps).to(x.dtype)),
+        "softmax": lambda x: torch.softmax(x.float(), dim=-1),
+    }[op]
 
 
 def scaled_log_softmax(logits: torch.Tensor, temperature: torch.Tensor | float) -> torch.Tensor:
@@ -152,7 +208,16 @@ def attention_bias(query_at: torch.Tensor, length: int) -> torch.Tensor:
     return bias.masked_fill_(~visible, float("-inf")).unsqueeze(1).unsqueeze(3)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+ATTENTION_PATHS: dict[torch.dtype, tuple[str, ...]] = {
+    torch.float32: ("native",),
+    torch.bfloat16: ("native", "fp32"),
+}
+"""Candidate paths of ``attention``: native runs its batched matmuls in the inputs' dtype; fp32
+upcasts q, k and v first (exact) and rounds the output once."""
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+              path: str = "native") -> torch.Tensor:
     """Grouped-query softmax attention whose every output row is independent of the key length
     and of the other queries.
 
@@ -169,6 +234,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     blocks added in order in fp32, so the all-zero blocks past a query's own add exact zeros.
     Matmuls take 3-D views of k and v (a KV cache's rows are read in place, never copied).
     """
+    out_dtype = q.dtype
+    if path == "fp32" and q.dtype != torch.float32:
+        q, k, v = q.float(), k.float(), v.float()
     b, t, heads, d = q.shape
     kv_heads, length = k.shape[1], k.shape[2]
     if length % KEY_BLOCK:
@@ -189,4 +257,4 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     out = out.to(v.dtype).view(b, kv_heads, t, padded, d)
     if padded > group:
         out = out[:, :, :, :group]
-    return out.permute(0, 2, 1, 3, 4).reshape(b, t, heads * d).to(q.dtype)
+    return out.permute(0, 2, 1, 3, 4).reshape(b, t, heads * d).to(out_dtype)

@@ -1,0 +1,400 @@
+"""Start-up checks that each deterministic op is batch-invariant on THIS machine, and the choice
+of a path that is.
+
+Why: whether a kernel's rows depend on how many other rows share the call is a fact of one CPU,
+one instruction set (oneDNN's ``ONEDNN_MAX_CPU_ISA``, ATen's ``ATEN_CPU_CAPABILITY``), one dtype
+and one thread count, not a property of the op. bf16 ``F.linear`` is row-invariant on an AMD EPYC
+with native bf16 and is not on an Intel Xeon without it (oneDNN's emulated bf16 path changes its
+blocking with the row count). So instead of trusting facts measured elsewhere, every op of the
+deterministic forward has a list of candidate paths, fastest first, and the first one that
+passes its check here is the one the engine and the trainer run:
+
+    op         candidates (first that holds wins)
+    linear     fp32: onednn (packed weight) -> reduce
+               bf16: native (F.linear in bf16) -> fp32-accumulate (exact upcast, packed fp32
+                     oneDNN, one rounding) -> reduce
+    attention  bf16: native (bmm in bf16) -> fp32 (exact upcast); fp32: native
+    silu       torch (F.silu) -> composed (x / (1 + exp(-x)) in fp32)
+    rms_norm   torch (F.rms_norm) -> composed (fp32 statistics, as qwen3.RMSNorm)
+    folded_rms_norm, softmax: one path each
+
+The check of an op: outputs for row slices of a batch (1..9, 15-17, 31-33, 63-65, 127-129 and
+more rows, at two offsets) equal the same rows of the whole batch's output, bit for bit, at one
+thread and at every thread count the processes may use (1, 2 and this process's), with the model's
+own shapes. The order is fixed and the choice does not depend on timings, so every process on one
+machine chooses the same paths (the engine's actors and the trainer agree). The reduce linear (no GEMM:
+products summed by ATen's row reduction) is the last resort; if even the last candidate fails,
+the deterministic mode refuses to start (``DeterminismUnavailable``) instead of running
+"deterministic" while being wrong.
+
+Costs: each candidate's time per call at 16 rows is measured for ``tidal doctor``; it never
+decides anything. The whole probe takes ~0.1-0.3 s on the tiny presets and is cached per
+(shapes, dtype) for the process.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+ROW_COUNTS = (1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 31, 33, 51, 57, 64, 65, 129)
+"""Row counts a probe compares against the whole batch: vector bodies and tails, GEMM block
+edges (7, 13, 51 and 57 rows are where bf16 ``F.linear`` broke on an Intel Xeon without native
+bf16), the MoE stacked route's limit (64) and typical decode batches."""
+OTHER_THREAD_COUNTS = (1, 7, 64)
+"""Row counts also checked at the other thread counts (the whole batch always is)."""
+PROBE_BATCH = 136
+"""Rows of the reference batch (>= the largest count + offset)."""
+OFFSETS = (0, 3)
+"""Where slices start: aligned and unaligned rows."""
+
+
+class DeterminismUnavailable(RuntimeError):
+    """No candidate path of a deterministic op is batch-invariant on this machine."""
+
+
+@dataclass(frozen=True)
+class ProbeShapes:
+    """The sizes the model's deterministic ops run at (read off a ModelConfig by duck typing:
+    numerics never imports the model)."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    matrices: tuple[tuple[int, int], ...]
+    """(out, in) of every distinct linear."""
+    widths: tuple[int, ...]
+    """Last-dim widths of silu inputs (intermediate sizes)."""
+    experts: int = 0
+    """MoE experts per layer (0: dense)."""
+    expert_inter: int = 0
+    """An expert's intermediate size."""
+
+    @classmethod
+    def of_model(cls, cfg) -> ProbeShapes:
+        h, d = cfg.hidden_size, cfg.head_dim
+        q, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        mats = {((q + 2 * kv) * d, h), (h, q * d), (cfg.vocab_size, h)}
+        if cfg.num_experts:
+            e, i = cfg.num_experts, cfg.moe_intermediate_size
+            mats |= {(e, h), (2 * i, h), (h, i), (e + e * 2 * i, h), (h, e * i)}
+            widths = (i,)
+        else:
+            e, i = 0, 0
+            mats |= {(2 * cfg.intermediate_size, h), (h, cfg.intermediate_size)}
+            widths = (cfg.intermediate_size,)
+        return cls(h, q, kv, d, tuple(sorted(mats)), widths, e, i)
+
+
+DEFAULT_SHAPES = ProbeShapes(hidden=192, heads=6, kv_heads=2, head_dim=32,
+                             matrices=((8, 192), (192, 128), (192, 192), (256, 192), (260, 192),
+                                       (320, 192), (1024, 192), (2056, 192), (192, 512)),
+                             widths=(128, 512), experts=8, expert_inter=128)
+"""The tiny presets' shapes (dense and MoE): what `tidal doctor` probes without a model."""
+
+
+@dataclass
+class CandidateResult:
+    path: str
+    holds: bool
+    us_per_call: float | None
+    """Time of one call at 16 rows (a decode step's size) at this process's thread count;
+    None if not timed."""
+    failure: str = ""
+
+
+@dataclass
+class ProbeResult:
+    op: str
+    dtype: str
+    path: str | None
+    """The chosen path: the first candidate that holds; None if none does."""
+    candidates: list[CandidateResult] = field(default_factory=list)
+    threads: tuple[int, ...] = ()
+
+    @property
+    def holds(self) -> bool:
+        return self.path is not None
+
+    def as_dict(self) -> dict:
+        return {"op": self.op, "dtype": self.dtype, "path": self.path, "holds": self.holds,
+                "threads": list(self.threads),
+                "candidates": [{"path": c.path, "holds": c.holds, "us_per_call": c.us_per_call,
+                                "failure": c.failure} for c in self.candidates]}
+
+
+@dataclass(frozen=True)
+class NumericsPaths:
+    """The path of each deterministic op for one dtype on this machine."""
+
+    dtype: torch.dtype
+    linear: str
+    attention: str
+    silu: str
+    rms_norm: str
+    moe_stacked: bool
+    """The MoE's few-token route (numerics/moe.py) gives the per-expert route's bits here."""
+    results: tuple[ProbeResult, ...] = ()
+
+    def describe(self) -> str:
+        return (f"deterministic {str(self.dtype).removeprefix('torch.')}: linear={self.linear} "
+                f"attention={self.attention} silu={self.silu} rms_norm={self.rms_norm} "
+                f"moe_stacked={'on' if self.moe_stacked else 'off'}")
+
+
+# ------------------------------------------------------------------ the checks
+
+
+def probe_threads() -> tuple[int, ...]:
+    """Thread counts the check runs at: 1, 2 and this process's (within the CPUs there are)."""
+    cpus = os.cpu_count() or 1
+    return tuple(sorted({1, min(2, cpus), torch.get_num_threads()}))
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) and bool(
+        (torch.isnan(a) == torch.isnan(b)).all())
+
+
+def _each_thread_count(threads: tuple[int, ...]):
+    """Yield each thread count with torch set to it; restore the process's count after."""
+    before = torch.get_num_threads()
+    try:
+        for n in threads:
+            torch.set_num_threads(n)
+            yield n
+    finally:
+        torch.set_num_threads(before)
+
+
+def rows_invariant(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+                   threads: tuple[int, ...]) -> str:
+    """'' if ``fn``'s output rows for every slice of ``x`` [R, ...] equal the whole batch's, at
+    every thread count; else what differed."""
+    full = None
+    with torch.no_grad():
+        for n in _each_thread_count(threads):
+            if full is None:
+                full = fn(x)
+            elif not _same_bits(fn(x), full):
+                return f"whole batch differs at {n} threads"
+            for rows in ROW_COUNTS if n == threads[0] else OTHER_THREAD_COUNTS:
+                for start in OFFSETS:
+                    if start + rows <= x.shape[0] and not _same_bits(
+                            fn(x[start : start + rows]), full[start : start + rows]):
+                        return f"{rows} rows at offset {start}, {n} threads"
+    return ""
+
+
+def _time_us(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> float:
+    with torch.no_grad():
+        fn(x)
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            for _ in range(5):
+                fn(x)
+            best = min(best, (time.perf_counter() - start) / 5)
+    return best * 1e6
+
+
+# ------------------------------------------------------------------ per-op probes
+
+
+def _inputs(rows: int, width: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(rows, width, generator=g) * scale).to(dtype)
+
+
+def _probe_linear(dtype: torch.dtype, shapes: ProbeShapes, threads) -> ProbeResult:
+    from tidal.numerics.ops import LINEAR_PATHS, DeterministicLinear
+
+    result = ProbeResult("linear", _name(dtype), None, threads=threads)
+    for path in LINEAR_PATHS[dtype]:
+        failure = ""
+        us = None
+        for out_dim, in_dim in shapes.matrices:
+            weight = _inputs(out_dim, in_dim, dtype, seed=out_dim * 7 + in_dim)
+            try:
+                linear = DeterministicLinear(weight, path)
+            except ValueError as exc:  # the path needs what this build lacks (oneDNN)
+                failure = str(exc)
+                break
+            x = _inputs(PROBE_BATCH, in_dim, dtype, seed=in_dim)
+            failure = rows_invariant(linear, x, threads)
+            if failure:
+                failure = f"[{out_dim}x{in_dim}] {failure}"
+                break
+            if (out_dim, in_dim) == max(shapes.matrices, key=lambda s: s[0] * s[1]):
+                us = _time_us(linear, x[:16])
+        result.candidates.append(CandidateResult(path, not failure, us, failure))
+        if not failure:
+            result.path = path
+            break
+    return result
+
+
+def _probe_attention(dtype: torch.dtype, shapes: ProbeShapes, threads) -> ProbeResult:
+    """One query against a longer cache (garbage past it) vs the same query in a causal batch,
+    in decode batches of several sizes: attention's rows must not see the key length or other
+    rows."""
+    from tidal.numerics.ops import ATTENTION_PATHS, KEY_BLOCK, attention, attention_bias
+
+    result = ProbeResult("attention", _name(dtype), None, threads=threads)
+    g = torch.Generator().manual_seed(0)
+    b, t, d, length = 3, 70, shapes.head_dim, 2 * KEY_BLOCK
+    q = torch.randn(b, t, shapes.heads, d, generator=g).to(dtype)
+    k = torch.randn(b, shapes.kv_heads, 3 * KEY_BLOCK, d, generator=g).to(dtype)
+    v = torch.randn(b, shapes.kv_heads, 3 * KEY_BLOCK, d, generator=g).to(dtype)
+
+    def failure_of(path: str) -> str:
+        for n in _each_thread_count(threads):
+            full = attention(q, k[:, :, :length], v[:, :, :length],
+                             attention_bias(torch.arange(t).expand(b, t), length), path)
+            for pos in (0, 1, 5, 31, 63, 64, 69):
+                for rows in (1, 2, 3):
+                    one = attention(q[:rows, pos : pos + 1], k[:rows], v[:rows],
+                                    attention_bias(torch.full((rows, 1), pos), 3 * KEY_BLOCK), path)
+                    if not _same_bits(one, full[:rows, pos : pos + 1]):
+                        return f"query {pos} alone ({rows} rows, {n} threads)"
+        return ""
+
+    bias = attention_bias(torch.full((b, 1), 40), length)
+    for path in ATTENTION_PATHS[dtype]:
+        failure = failure_of(path)
+        us = _time_us(lambda x: attention(x, k[:, :, :length], v[:, :, :length], bias, path),
+                      q[:, :1])
+        result.candidates.append(CandidateResult(path, not failure, us, failure))
+        if not failure:
+            result.path = path
+            break
+    return result
+
+
+def _probe_rowwise(op: str, dtype: torch.dtype, widths: tuple[int, ...], threads) -> ProbeResult:
+    from tidal.numerics.ops import ROWWISE_PATHS, rowwise_op
+
+    result = ProbeResult(op, _name(dtype), None, threads=threads)
+    for path in ROWWISE_PATHS[op]:
+        fn = rowwise_op(op, path)
+        failure = ""
+        us = None
+        for width in widths:
+            # silu runs on the gate half of a [rows, 2 * width] matrix: a strided view
+            x = _inputs(PROBE_BATCH, 2 * width, dtype, seed=width, scale=3.0)[:, :width]
+            failure = rows_invariant(fn, x, threads)
+            if failure:
+                failure = f"[width {width}] {failure}"
+                break
+            us = _time_us(fn, x[:16])
+        result.candidates.append(CandidateResult(path, not failure, us, failure))
+        if not failure:
+            result.path = path
+            break
+    return result
+
+
+def _probe_moe_stacked(dtype: torch.dtype, shapes: ProbeShapes, linear_path: str | None,
+                       threads) -> ProbeResult:
+    """numerics/moe.py's few-token route: a column of the stacked [router; experts' gate_up]
+    matmul must have the bits of the same column of each matrix's own matmul, and a down
+    projection over all experts' matrices side by side, zero outside one expert's block, the bits
+    of that expert's own. Only tried on the packed fp32 linear (elsewhere it is not faster)."""
+    from tidal.numerics.ops import DeterministicLinear
+
+    result = ProbeResult("moe_stacked", _name(dtype), None, threads=threads)
+    if not shapes.experts or dtype != torch.float32 or linear_path != "onednn":
+        result.path = "off"
+        result.candidates.append(CandidateResult("off", True, None))
+        return result
+    e, i, h = shapes.experts, shapes.expert_inter, shapes.hidden
+    router = _inputs(e, h, dtype, seed=1)
+    gate_up = _inputs(e * 2 * i, h, dtype, seed=2)
+    down = _inputs(h, e * i, dtype, seed=3)
+    stacked = DeterministicLinear(torch.cat((router, gate_up)), linear_path)
+    own = [DeterministicLinear(router, linear_path)] + [
+        DeterministicLinear(gate_up[j * 2 * i : (j + 1) * 2 * i], linear_path) for j in range(e)]
+    downs = DeterministicLinear(down, linear_path)
+    own_down = [DeterministicLinear(down[:, j * i : (j + 1) * i].contiguous(), linear_path)
+                for j in range(e)]
+
+    def failure_of() -> str:
+        for n in _each_thread_count(threads):
+            for rows in (1, 2, 3, 5, 8, 17, 33, 64):
+                x = _inputs(rows, h, dtype, seed=rows)
+                if not _same_bits(torch.cat([m(x) for m in own], 1), stacked(x)):
+                    return f"stacked gate_up, {rows} rows, {n} threads"
+                act = _inputs(rows, i, dtype, seed=rows + 100)
+                for j in (0, e - 1):
+                    blocks = act.new_zeros(rows, e, i)
+                    blocks[:, j] = act
+                    if not _same_bits(downs(blocks.flatten(1)), own_down[j](act)):
+                        return f"stacked down, expert {j}, {rows} rows, {n} threads"
+        return ""
+
+    with torch.no_grad():
+        failure = failure_of()
+    result.candidates.append(CandidateResult("on", not failure, None, failure))
+    result.path = "off" if failure else "on"
+    if failure:
+        result.candidates.append(CandidateResult("off", True, None))
+    return result
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+_CACHE: dict[tuple[ProbeShapes, torch.dtype, tuple[int, ...]], NumericsPaths] = {}
+
+
+def probe(dtype: torch.dtype, shapes: ProbeShapes = DEFAULT_SHAPES) -> list[ProbeResult]:
+    """Every op's probe for ``dtype`` at ``shapes`` on this machine (uncached)."""
+    threads = probe_threads()
+    linear = _probe_linear(dtype, shapes, threads)
+    return [
+        linear,
+        _probe_attention(dtype, shapes, threads),
+        _probe_rowwise("silu", dtype, shapes.widths, threads),
+        _probe_rowwise("rms_norm", dtype, (shapes.hidden, shapes.head_dim), threads),
+        _probe_rowwise("folded_rms_norm", dtype, (shapes.hidden, shapes.head_dim), threads),
+        _probe_rowwise("softmax", torch.float32, (shapes.hidden, 3 * 64), threads),
+        _probe_moe_stacked(dtype, shapes, linear.path, threads),
+    ]
+
+
+def choose_paths(dtype: torch.dtype, shapes: ProbeShapes = DEFAULT_SHAPES) -> NumericsPaths:
+    """The deterministic paths for ``dtype`` here (probed once per process and shapes); raises
+    DeterminismUnavailable naming the op if no path of it holds."""
+    key = (shapes, dtype, probe_threads())
+    if key not in _CACHE:
+        results = probe(dtype, shapes)
+        broken = [r for r in results if not r.holds]
+        if broken:
+            detail = "; ".join(f"{r.op}: " + ", ".join(f"{c.path} ({c.failure})" for c in r.candidates)
+                               for r in broken)
+            raise DeterminismUnavailable(
+                f"no batch-invariant path for {_name(dtype)} on this machine ({detail}); run with "
+                "engine.numerics = \"fast\" (logprobs then differ from the trainer's in the last bits)")
+        chosen = {r.op: r.path for r in results}
+        _CACHE[key] = NumericsPaths(dtype, chosen["linear"], chosen["attention"], chosen["silu"],
+                                    chosen["rms_norm"], chosen["moe_stacked"] == "on",
+                                    tuple(results))
+    return _CACHE[key]
+
+
+def probe_report(dtype: torch.dtype | None = None, shapes: ProbeShapes = DEFAULT_SHAPES) -> list[dict]:
+    """`tidal doctor`'s table: every op's candidates, which hold, their cost, the chosen path;
+    for ``dtype`` or for fp32 and bf16."""
+    dtypes = [dtype] if dtype is not None else [torch.float32, torch.bfloat16]
+    return [r.as_dict() for dt in dtypes for r in probe(dt, shapes)]
+
+
+def clear_cache() -> None:
+    """Forget probed choices (tests that inject a failing path)."""
+    _CACHE.clear()
