@@ -16,7 +16,7 @@ from tidal.model import (
     CheckpointError, KVCache, ModelConfig, build_model, from_pretrained, preset, save_pretrained,
 )
 from tidal.model.checkpoint import COMPLETE_MARKER, config_from_hf, config_to_hf
-from tidal.model.packed_linear import PackedLinear
+from tidal.numerics.fast import PackedLinear
 
 transformers = pytest.importorskip("transformers")
 

@@ -245,7 +245,8 @@ def test_moe_stacked_route_for_few_tokens_equals_the_per_expert_route(monkeypatc
 
     model = build_model(preset("tiny-moe").model_copy(update={"num_hidden_layers": 1}), seed=0)
     with torch.inference_mode():
-        layer = model.deterministic_weights(torch.float32).layers[0]
+        weights = model.fused_weights("deterministic", torch.float32)
+        layer, silu_mul = weights.layers[0], weights.ops.silu_mul
         assert layer.router_gate_up is not None
         h = torch.randn(1, 40, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
         replay = torch.randint(0, model.config.num_experts, (40, 2), generator=torch.Generator().manual_seed(1))
@@ -253,9 +254,9 @@ def test_moe_stacked_route_for_few_tokens_equals_the_per_expert_route(monkeypatc
         for rows in (1, 2, 5, 17, 40):
             for ids in (None, replay[:rows]):
                 monkeypatch.setattr(moe, "FEW_TOKENS", 64)
-                stacked, own_s = moe.sparse_moe(layer, h[:, :rows], 2, True, ids)
+                stacked, own_s = moe.sparse_moe(layer, h[:, :rows], 2, True, ids, silu_mul)
                 monkeypatch.setattr(moe, "FEW_TOKENS", 0)
-                per_expert, own_p = moe.sparse_moe(layer, h[:, :rows], 2, True, ids)
+                per_expert, own_p = moe.sparse_moe(layer, h[:, :rows], 2, True, ids, silu_mul)
                 assert same_bits(stacked, per_expert), rows
                 assert torch.equal(own_s, own_p)
 
@@ -294,7 +295,7 @@ def test_probe_takes_the_next_path_when_an_op_fails_its_check(monkeypatch):
     assert rejected.path == "onednn" and not rejected.holds and "rows" in rejected.failure
     policy = build_model(preset("tiny-moe").model_copy(update={"num_hidden_layers": 1}), seed=0)
     results = _generate_rounds(copy.deepcopy(policy), [1, 3], new_tokens=4)
-    assert policy.deterministic_weights(torch.float32).paths.linear == "reduce"
+    assert policy.fused_weights("deterministic", torch.float32).ops.paths.linear == "reduce"
     trainer = Trainer(policy, TrainerConfig(micro_batch_size=2), temperature=0.8)
     totals = trainer.accumulate_gradients(collate(_trajectories(results), pad_id=0, normalize_std=True))
     assert totals["mismatch_bitwise_equal_fraction"] == 1.0

@@ -28,7 +28,7 @@ class EngineConfig(Section):
     numerics: Literal["deterministic", "fast"] = "deterministic"
     """deterministic: batch-invariant kernels (tidal.numerics), so every sampling logprob is bit
     for bit what the trainer recomputes for that token (the trainer runs the same forward);
-    fast: the fused serving path (serving.py), faster per step but off by ~1e-6 from the trainer,
+    fast: the fused forward on fast ops (numerics/fast.py), faster per step but off by ~1e-6 from the trainer,
     and with it MoE routing that can flip."""
     prefix_cache: bool = True
     """Keep a finished request's KV cache in its (now free) slot, and when a new prompt starts

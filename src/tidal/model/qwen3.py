@@ -9,14 +9,14 @@ One forward serves three callers:
 - the trainer: ``model(ids)`` (causal over the given tokens; pad on the right), optionally with
   ``replay_experts`` so the MoE uses the experts the sampler used (router replay);
 - the engine: ``model(ids, positions, cache, slots)`` writes k/v into per-slot cache rows and
-  attends to positions 0..p of the slot (prefill T>1, decode T=1, mixed lengths in one batch).
-  This inference-only path is serving.py's: the same math on fused weights in fewer kernels;
+  attends to positions 0..p of the slot (prefill T>1, decode T=1, mixed lengths in one batch);
 - either may ask ``return_experts=True`` to get the router's own top-k ids [B, T, layers, k]
   (under replay too: the replayed ids are the caller's already; these show where they differ).
 
-``deterministic=True`` runs the batch-invariant forward of ``tidal.numerics.forward`` instead, with
-or without a cache: the engine's default, and what the trainer runs to reproduce the engine's
-sampling logprobs bit for bit.
+The modules here are the Hugging Face reference (the trainer's fast path). Everything else runs
+the one fused forward (fused.py) on an op set: the KV-cached engine path (fast ops), and with
+``deterministic=True`` the batch-invariant ops, with or without a cache: the engine's default, and
+what the trainer runs to reproduce the engine's sampling logprobs bit for bit.
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from tidal.model.config import ModelConfig
-from tidal.model.kv_cache import KVCache
-from tidal.model.moe_dispatch import dispatch_to_experts
+from tidal.model.fused import FusedWeights, fused_forward
+from tidal.model.kv_cache import KVCache, make_plan
 from tidal.model.rope import RopeTable, apply_rope
-from tidal.model.serving import ServingWeights, cached_forward
-from tidal.numerics.forward import DeterministicWeights, deterministic_forward
+from tidal.numerics import make_ops
+from tidal.numerics.moe import dispatch_to_experts
+from tidal.numerics.probe import ProbeShapes
 
 
 class RMSNorm(nn.Module):
@@ -63,7 +64,7 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin) -> torch.Tensor:
         """x [B, T, H], cos/sin [B, 1, T, D] -> [B, T, H], causal over T (no cache: the cached
-        forward is serving.py's)."""
+        forward is fused.py's)."""
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.num_heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
@@ -95,7 +96,7 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """x [N, H], ids/weights [N, k] -> [N, H] (moe_dispatch.py)."""
+        """x [N, H], ids/weights [N, k] -> [N, H] (numerics/moe.py)."""
         return dispatch_to_experts(x, ids, weights, self.gate_up_proj.shape[0], self._mlp)
 
     def _mlp(self, e: int, x: torch.Tensor) -> torch.Tensor:
@@ -165,9 +166,8 @@ class CausalLM(nn.Module):
         self.model = Backbone(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rope = RopeTable(config.head_dim, config.rope_theta)
-        self._serving: ServingWeights | None = None
-        self._deterministic: DeterministicWeights | None = None
-        self.register_load_state_dict_post_hook(_drop_serving_weights_after_load)
+        self._fused: dict[str, FusedWeights] = {}
+        self.register_load_state_dict_post_hook(_drop_fused_weights_after_load)
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -175,40 +175,41 @@ class CausalLM(nn.Module):
         operation that replaces parameters, e.g. load_state_dict(assign=True))."""
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.drop_serving_weights()
+        self.drop_fused_weights()
 
-    def serving_weights(self) -> ServingWeights:
-        """The cached forward's fused weights, rebuilt if a parameter changed since (serving.py)."""
-        if self._serving is None or not self._serving.is_current():
-            self._serving = ServingWeights(self)
-        return self._serving
+    def fused_weights(self, mode: str, dtype: torch.dtype) -> FusedWeights:
+        """The fused forward's weights for op set ``mode`` ("fast" | "deterministic") in
+        ``dtype``: inference copies cached per mode until a parameter changes (engine), or built
+        per call with autograd when grad is enabled (trainer, deterministic only)."""
+        grad = torch.is_grad_enabled()
+        cached = self._fused.get(mode)
+        if not grad and cached is not None and cached.is_current(mode, dtype):
+            return cached
+        device = self.model.embed_tokens.weight.device
+        ops = make_ops(mode, dtype, ProbeShapes.of_model(self.config), device)
+        if grad:
+            if not ops.trainable:
+                raise RuntimeError(f"the {mode} op set is inference-only; run it under "
+                                   "torch.inference_mode() or torch.no_grad()")
+            return FusedWeights(self, ops, dtype, trainable=True)
+        cached = self._fused[mode] = FusedWeights(self, ops, dtype, trainable=False)
+        return cached
 
-    def deterministic_weights(self, dtype: torch.dtype) -> DeterministicWeights:
-        """The deterministic forward's weights: inference copies cached until a parameter changes
-        (engine), or built per call with autograd when grad is enabled (trainer)."""
-        if torch.is_grad_enabled():
-            return DeterministicWeights(self, dtype, trainable=True)
-        if self._deterministic is None or not self._deterministic.is_current(dtype):
-            self._deterministic = DeterministicWeights(self, dtype, trainable=False)
-        return self._deterministic
-
-    def drop_serving_weights(self) -> None:
+    def drop_fused_weights(self) -> None:
         """Forget the derived inference weights (parameters were replaced); the next inference
         forward rebuilds them."""
-        self._serving = None
-        self._deterministic = None
+        self._fused = {}
 
     def __getstate__(self):
-        """Pickle and deepcopy without the serving weights: derived data, and oneDNN-packed
-        tensors cannot be serialised. A copy rebuilds them on its first cached forward."""
+        """Pickle and deepcopy without the fused weights: derived data, and oneDNN-packed
+        tensors cannot be serialised. A copy rebuilds them on its first fused forward."""
         state = dict(super().__getstate__())
-        state["_serving"] = None
-        state["_deterministic"] = None
+        state["_fused"] = {}
         return state
 
     def _apply(self, fn, recurse=True):
         """.to() / .float() / .cuda() may replace every parameter: drop the fused copies."""
-        self.drop_serving_weights()
+        self.drop_fused_weights()
         return super()._apply(fn, recurse)
 
     def forward(
@@ -244,17 +245,15 @@ class CausalLM(nn.Module):
                 f"positions has shape {tuple(positions.shape)}, expected {(b, t)} like input_ids"
             )
         replay = self._check_replay(replay_experts, b, t)
-        if deterministic:
+        if deterministic or cache is not None:
+            plan = None if cache is None else make_plan(cache, slots, positions)  # clear errors first
             if cache is not None and torch.is_grad_enabled():
                 raise RuntimeError("the KV-cached forward is inference-only; run it under "
                                    "torch.inference_mode() or torch.no_grad()")
-            weights = self.deterministic_weights(dtype or self.model.embed_tokens.weight.dtype)
-            logits, expert_ids = deterministic_forward(
-                self, weights, input_ids, positions, cache, slots, replay, logits_at
-            )
-        elif cache is not None:
-            logits, expert_ids = cached_forward(
-                self, input_ids, positions, cache, slots, replay, logits_at
+            mode = "deterministic" if deterministic else "fast"
+            weights = self.fused_weights(mode, dtype or self.model.embed_tokens.weight.dtype)
+            logits, expert_ids = fused_forward(
+                self, weights, input_ids, positions, cache, plan, replay, logits_at
             )
         else:
             logits, expert_ids = self._forward(input_ids, positions, explicit, replay, logits_at)
@@ -305,10 +304,10 @@ class CausalLM(nn.Module):
         return replay.reshape(b * t, cfg.num_hidden_layers, -1).long()
 
 
-def _drop_serving_weights_after_load(model: CausalLM, incompatible_keys) -> None:
+def _drop_fused_weights_after_load(model: CausalLM, incompatible_keys) -> None:
     """A load may replace parameters (assign=True); in-place copies are caught by versions too.
     A module-level function, not a lambda, so the model still pickles."""
-    model.drop_serving_weights()
+    model.drop_fused_weights()
 
 
 @torch.no_grad()

@@ -60,10 +60,3 @@ class RopeTable:
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """x [..., D] rotated; cos/sin_signed broadcast against x (see the module docstring)."""
     return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed
-
-
-def apply_rope_fused(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """apply_rope in three kernels instead of four (addcmul does the second product and the
-    sum); its rounding may differ from apply_rope's in the last bit. The serving path and the
-    deterministic forward use it."""
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin_signed)

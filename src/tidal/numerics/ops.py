@@ -41,7 +41,7 @@ _PACK_HINT_ROWS = 64
 
 def onednn_usable(weight: torch.Tensor) -> bool:
     """Whether oneDNN's packed linear applies to ``weight``: CPU, fp32, torch built with mkldnn.
-    Shared with model/packed_linear.py."""
+    Shared with numerics/fast.py (PackedLinear)."""
     return (weight.device.type == "cpu" and weight.dtype == torch.float32
             and torch.backends.mkldnn.is_available())
 
@@ -258,3 +258,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     if padded > group:
         out = out[:, :, :, :group]
     return out.permute(0, 2, 1, 3, 4).reshape(b, t, heads * d).to(out_dtype)
+
+
+def apply_rope_fused(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """apply_rope in three kernels instead of four (addcmul does the second product and the
+    sum); its rounding may differ from apply_rope's in the last bit. The fused forward (model/fused.py) uses it in every op set."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin_signed)

@@ -1,0 +1,107 @@
+"""The fast CPU op set: what the engine runs with ``engine.numerics = "fast"``, tuned for speed
+at the sizes tidal serves on CPU, where a decode step is bound by per-op overhead. Its results
+agree with the module forward to ~1e-6 (tests hold them to 1e-5), not bit for bit.
+
+- Linear: ``PackedLinear``, the faster of MKL and oneDNN per call (below).
+- Attention: cached keys/values read as views when the batch's slots are a ``range``; a step
+  whose rows all sit at the same positions needs no mask (a fresh prefill attends causally to its
+  own keys); decode attends with each kv head's group of q heads as one matmul's rows.
+- MoE: numerics/moe.py's per-expert route on PackedLinear experts.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tidal.numerics.moe import sparse_moe
+from tidal.numerics.ops import onednn_usable, pack_for_onednn
+from tidal.numerics.opset import CpuOps
+
+ONEDNN_MIN_MACS = 1 << 19
+"""Multiply-adds per call (rows x out x in) from which PackedLinear takes oneDNN."""
+MATMUL_ATTENTION_MIN_ROWS = 4
+"""Decode batches from this size attend with two batched matmuls, smaller ones with SDPA.
+Measured (1 thread, kv_len 17-80, tiny's 6 q / 2 kv heads, us per call; SDPA with each kv
+head's q heads as its queries): 1 row 11-13 vs 5-7; 16 rows 24-50 vs 23-51; 64 rows 65-175
+vs 84-199. SDPA over the 6 heads with enable_gqa was slower than both (7-9, 29-60, 104-231)."""
+
+
+class PackedLinear:
+    """y = x @ weight.T for x [..., in], on the faster CPU GEMM per call.
+
+    torch's fp32 ``F.linear`` on CPU calls MKL's sgemm. On an AMD EPYC (Zen 5) MKL takes a generic
+    path and runs the multi-row matmuls of a batched decode step at ~55-75 GFLOP/s; oneDNN with
+    the weight reordered once into its blocked layout runs them ~1.5-2x faster (1 thread, us per
+    call, MKL / oneDNN: 16x1024x192 75/40, 64x1024x192 250/113, 16x192x512 36/23, 1x1024x192
+    12/19). oneDNN costs ~11 us per call whatever the size, so small calls (batch-1 decode) stay
+    on MKL: the switch is at ``ONEDNN_MIN_MACS``. Both sum in their own orders: outputs agree to
+    float rounding, not bit for bit. oneDNN is used only for CPU fp32 tensors with mkldnn built
+    in; elsewhere this is plain ``F.linear``. The packed copy doubles the matrix's memory."""
+
+    __slots__ = ("weight", "packed", "_macs_per_row")
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+        self._macs_per_row = weight.numel()
+        self.packed = pack_for_onednn(weight) if onednn_usable(weight) else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        if self.packed is not None and rows * self._macs_per_row >= ONEDNN_MIN_MACS:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        return F.linear(x, self.weight)
+
+
+class FastOps(CpuOps):
+    name = "fast"
+
+    def prepare(self, matrix: torch.Tensor) -> PackedLinear:
+        return PackedLinear(matrix.detach())
+
+    def stacked_moe(self, trainable: bool) -> bool:
+        return False
+
+    def rms_norm(self, x, weight, eps):
+        return F.rms_norm(x, x.shape[-1:], weight, eps)
+
+    def silu_mul(self, gate, up):
+        return F.silu(gate) * up
+
+    def attention_context(self, positions, plan, cache, t):
+        if plan is None:
+            raise ValueError("the fast op set serves the KV-cached forward only (the module "
+                             "forward is the fast path without a cache)")
+        return plan
+
+    def self_attention(self, qkv, qk_norm, cos, sin, plan, kv, w):
+        b, t = qkv.shape[:2]
+        q, k, v = self.rotate_qk(qkv, qk_norm, cos, sin, w)
+        k, v = plan.through_cache(*kv, k, v)
+        if t == 1:
+            out = _decode_attention(q.select(1, 0), k, v, plan.mask)
+        else:
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k, v, attn_mask=plan.mask, is_causal=plan.causal_new and t > 1,
+                scale=1.0, enable_gqa=True,
+            ).transpose(1, 2)
+        return out.reshape(b, t, w.heads * w.head_dim)
+
+    def moe(self, layer, h, replay, w):
+        return sparse_moe(layer, h, w.top_k, w.norm_topk_prob, replay, self.silu_mul)
+
+
+def _decode_attention(q, k, v, mask) -> torch.Tensor:
+    """One query per row at scale 1: q [B, heads, D], k/v [B, kv_heads, L, D], mask [B, 1, 1, L]
+    | None -> [B, 1, heads, D]. The q heads sharing a kv head are that kv head's queries (a
+    [group, D] @ [D, L] product, no repeat_kv copy)."""
+    b, heads, d = q.shape
+    kv_heads = k.shape[1]
+    q = q.reshape(b, kv_heads, heads // kv_heads, d)
+    if b < MATMUL_ATTENTION_MIN_ROWS:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+        return out.view(b, 1, heads, d)
+    scores = torch.matmul(q, k.transpose(-1, -2))  # [B, kv_heads, group, L]
+    if mask is not None:
+        scores = scores.masked_fill_(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(-1), v).view(b, 1, heads, d)
