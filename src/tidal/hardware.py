@@ -96,6 +96,17 @@ class CpuFacts:
     def cpu(self) -> str:
         return self.model_name or self.vendor or "unknown CPU"
 
+    def record(self) -> dict[str, str | bool | None]:
+        """The facts a run records next to its dtypes (summary.json's "cpu")."""
+        return {
+            "vendor": self.vendor,
+            "model_name": self.model_name,
+            "native_bf16": self.native_bf16,
+            "bf16_reason": self.bf16_reason,
+            "aten_capability": self.aten_capability,
+            "onednn_max_cpu_isa": self.onednn_max_cpu_isa,
+        }
+
 
 def parse_cpuinfo(text: str) -> tuple[str, str, frozenset[str]]:
     """(vendor, model name, flags) of the first processor in /proc/cpuinfo text."""
