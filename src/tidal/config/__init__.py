@@ -8,7 +8,7 @@ only assembles them and checks the fields that span sections.
 
 from __future__ import annotations
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from tidal.section import Section
 from tidal.config.loader import ConfigError, load_config, parse_overrides
@@ -23,14 +23,15 @@ from tidal.trainer.config import TrainerConfig
 
 
 class TidalConfig(Section):
-    model: ModelConfig = ModelConfig()
-    engine: EngineConfig = EngineConfig()
-    env: EnvConfig = EnvConfig()
-    harness: HarnessConfig = HarnessConfig()
-    trainer: TrainerConfig = TrainerConfig()
-    pretrain: PretrainConfig = PretrainConfig()
-    orchestrator: OrchestratorConfig = OrchestratorConfig()
-    sync: SyncConfig = SyncConfig()
+    # Factories, not instances: each config resolves its "auto" dtypes when it is built.
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    harness: HarnessConfig = Field(default_factory=HarnessConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
+    orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
+    sync: SyncConfig = Field(default_factory=SyncConfig)
 
     @model_validator(mode="after")
     def _check_cross_section(self) -> "TidalConfig":
