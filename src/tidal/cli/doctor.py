@@ -104,11 +104,18 @@ def format_record(r: dict) -> str:
     if paths is None:
         lines.append("  probe not available")
     for p in paths or []:
-        chosen = next((c for c in p["candidates"] if c["path"] == p["path"]), None)
-        us = f"{chosen['us_per_call']:.1f} us/call" if chosen else ""
-        lines.append(f"  {p['op']:<20} {p['dtype']:<9} {p['path']:<24} holds {_yes(p['holds']):<4} "
-                     f"{us} ({p['threads']} threads; {len(p['candidates'])} candidates)")
+        lines.append(_path_line(p))
     return "\n".join(lines)
+
+
+def _path_line(p: dict) -> str:
+    """One probed op: the path chosen (None: no candidate holds), its cost, the threads probed."""
+    chosen = next((c for c in p["candidates"] if c["path"] == p["path"]), None)
+    us = f"{chosen['us_per_call']:.1f} us/call" if chosen and chosen["us_per_call"] is not None else "-"
+    threads = p["threads"] if isinstance(p["threads"], int) else ",".join(map(str, p["threads"]))
+    dtype = str(p["dtype"]).removeprefix("torch.")
+    return (f"  {p['op']:<16} {dtype:<9} {p['path'] or '(none holds)':<28} holds {_yes(p['holds']):<3} "
+            f"{us:>14}  threads {threads}, {len(p['candidates'])} candidates")
 
 
 def cmd_doctor(args, rest) -> int:
