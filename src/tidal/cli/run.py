@@ -14,7 +14,9 @@ def _load(args, rest):
 
 
 TRAIN_DTYPES = ("model.dtype", "trainer.dtype", "pretrain.dtype")
+"""The dtypes `tidal train` computes in (pretrain.dtype: when no pretrained model is cached)."""
 PRETRAIN_DTYPES = ("pretrain.dtype", "model.dtype")
+"""The dtypes of `tidal pretrain`: its forward pass, and the saved checkpoint's parameters."""
 
 
 def _print_config(cfg, dtypes: tuple[str, ...]) -> None:
@@ -27,7 +29,7 @@ def dtype_line(cfg, keys: tuple[str, ...]) -> str:
     from tidal.hardware import explain_dtype
 
     choices = [(key.removesuffix(".dtype"), cfg.dtype_choices()[key]) for key in keys]
-    parts = [f"{name} {c['requested']} -> {c['resolved']}" if c["requested"] == "auto" else f"{name} {c['resolved']}"
+    parts = [f"{name} auto -> {c['resolved']}" if c["requested"] == "auto" else f"{name} {c['resolved']}"
              for name, c in choices]
     why = f" ({explain_dtype()})" if any(c["requested"] == "auto" for _, c in choices) else ""
     return "dtype: " + ", ".join(parts) + why
