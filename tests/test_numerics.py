@@ -222,8 +222,9 @@ def test_mismatch_counts_only_tokens_of_the_trainers_version():
 
 def test_deterministic_numerics_need_the_trainer_in_the_engines_dtype():
     with pytest.raises(ValueError, match="trainer.dtype"):
-        TidalConfig(trainer={"dtype": "bfloat16"})
-    TidalConfig(trainer={"dtype": "bfloat16"}, engine={"numerics": "fast"})
+        TidalConfig(model={"dtype": "float32"}, trainer={"dtype": "bfloat16"})
+    TidalConfig(model={"dtype": "float32"}, trainer={"dtype": "bfloat16"}, engine={"numerics": "fast"})
+    TidalConfig(model={"dtype": "auto"}, trainer={"dtype": "auto"})  # one machine: one "auto"
 
 
 def test_step_log_reports_the_off_policy_correction_counts():

@@ -17,8 +17,9 @@ def test_publish_then_pull_writes_byte_identical_safetensors(tmp_path, capsys):
             p.add_(torch.randn_like(p).sign() * 1e-4)
     save_pretrained(model, tmp_path / "ck1")
     root = tmp_path / "root"
-    assert main(["sync", "publish", str(tmp_path / "ck0"), "--root", str(root)]) == 0
-    assert main(["sync", "publish", str(tmp_path / "ck1"), "--root", str(root)]) == 0
+    bf16 = ["--dtype", "bfloat16"]  # the default ("auto") depends on the machine
+    assert main(["sync", "publish", str(tmp_path / "ck0"), "--root", str(root), *bf16]) == 0
+    assert main(["sync", "publish", str(tmp_path / "ck1"), "--root", str(root), *bf16]) == 0
     assert "version 1 (delta on 0)" in capsys.readouterr().out
     server = ServerThread(make_app(VersionStore(root)))
     try:

@@ -43,7 +43,12 @@ def test_train_writes_metrics_summary_plot(tmp_path, tiny_ckpt, capsys):
     assert (run / "config.toml").is_file()
     report = (run / "report.html").read_text()
     assert "No summary.json" not in report and "plot-workers" in report
-    assert "held-out pass@1 after RL" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "held-out pass@1 after RL" in out
+    resolved = summary["dtypes"]["model.dtype"]["resolved"]
+    assert out.splitlines()[0].startswith(f"dtype: model auto -> {resolved}, trainer auto -> ")
+    saved = load_config(run / "config.toml")  # the run's record: resolved, so a resume keeps them
+    assert saved.model.requested_dtype("dtype") == resolved and "cpu" in summary
 
 
 def test_eval_command(tiny_ckpt, capsys):

@@ -14,10 +14,10 @@ import sys
 # Before torch loads: idle OpenMP threads must not spin on a small machine shared with sandboxes.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from tidal.cli import bench, run, sandbox, sync  # noqa: E402
+from tidal.cli import bench, doctor, run, sandbox, sync  # noqa: E402
 from tidal.errors import UserError  # noqa: E402
 
-COMMAND_GROUPS = (run, bench, sandbox, sync)
+COMMAND_GROUPS = (run, bench, sandbox, sync, doctor)
 """Modules that each contribute subcommands through ``add_parsers(subparsers)``."""
 
 

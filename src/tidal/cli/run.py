@@ -13,8 +13,26 @@ def _load(args, rest):
     return load_config(args.config, rest)
 
 
-def _print_config(cfg) -> None:
-    print(_config_toml(cfg), end="")
+TRAIN_DTYPES = ("model.dtype", "trainer.dtype", "pretrain.dtype")
+"""The dtypes `tidal train` computes in (pretrain.dtype: when no pretrained model is cached)."""
+PRETRAIN_DTYPES = ("pretrain.dtype", "model.dtype")
+"""The dtypes of `tidal pretrain`: its forward pass, and the saved checkpoint's parameters."""
+
+
+def _print_config(cfg, dtypes: tuple[str, ...]) -> None:
+    print(_config_toml(cfg, dtypes, recipe=True), end="")
+
+
+def dtype_line(cfg, keys: tuple[str, ...]) -> str:
+    """The dtypes a command computes in, and why "auto" chose what it did, on one line:
+    ``dtype: model auto -> float32, trainer auto -> float32 (no native bf16: <CPU>, <why>)``."""
+    from tidal.hardware import explain_dtype
+
+    choices = [(key.removesuffix(".dtype"), cfg.dtype_choices()[key]) for key in keys]
+    parts = [f"{name} auto -> {c['resolved']}" if c["requested"] == "auto" else f"{name} {c['resolved']}"
+             for name, c in choices]
+    why = f" ({explain_dtype()})" if any(c["requested"] == "auto" for _, c in choices) else ""
+    return "dtype: " + ", ".join(parts) + why
 
 
 def cmd_train(args, rest) -> int:
@@ -22,13 +40,14 @@ def cmd_train(args, rest) -> int:
         return _resume(args, rest)
     cfg = _load(args, rest)
     if args.dry_run:
-        _print_config(cfg)
+        _print_config(cfg, TRAIN_DTYPES)
         return 0
     from tidal.pretrain.cache import cached_pretrained
 
+    print(dtype_line(cfg, TRAIN_DTYPES), flush=True)
     run_dir = Path(args.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.toml").write_text(_config_toml(cfg))
+    (run_dir / "config.toml").write_text(_config_toml(cfg, TRAIN_DTYPES, recipe=False))
     t0 = time.perf_counter()
     init = cfg.model.init_from or cached_pretrained(cfg)
     info = {"init_checkpoint": str(init), "pretrain_s": time.perf_counter() - t0}
@@ -43,6 +62,7 @@ def _resume(args, rest) -> int:
     if not (run_dir / "config.toml").is_file() or not (run_dir / "run_info.json").is_file():
         raise ConfigError(f"--resume {run_dir}: not a tidal run folder (no config.toml / run_info.json)")
     cfg = load_config(run_dir / "config.toml", rest)
+    print(dtype_line(cfg, TRAIN_DTYPES), flush=True)
     info = json.loads((run_dir / "run_info.json").read_text())
     return _rl(cfg, run_dir, info, resume=True, t0=time.perf_counter())
 
@@ -69,19 +89,26 @@ def _report(run_dir: Path) -> str:
     return str(write_report(run_dir))
 
 
-def _config_toml(cfg) -> str:
-    from tidal.config.dump import to_toml
+def _config_toml(cfg, dtypes: tuple[str, ...], recipe: bool) -> str:
+    """The config as TOML, opening with the dtype line as a comment. ``recipe``: each "auto"
+    dtype stays "auto" (portable: it resolves on the machine that loads it; `--dry-run`); else
+    the dtypes resolved here (a run folder's record, which a resumed run must keep)."""
+    from tidal.config.dump import recipe_tree, to_toml
 
-    return to_toml(cfg.model_dump(mode="json")) + "\n"
+    tree = recipe_tree(cfg) if recipe else cfg.model_dump(mode="json")
+    note = ('"auto" kept: it resolves on the machine that loads this recipe' if recipe
+            else "resolved on the machine that ran this; a resumed run keeps them")
+    return f"# {dtype_line(cfg, dtypes)}\n# ({note})\n\n" + to_toml(tree) + "\n"
 
 
 def cmd_pretrain(args, rest) -> int:
     cfg = _load(args, rest)
     if args.dry_run:
-        _print_config(cfg)
+        _print_config(cfg, PRETRAIN_DTYPES)
         return 0
     from tidal.pretrain.loop import pretrain
 
+    print(dtype_line(cfg, PRETRAIN_DTYPES), flush=True)
     out = Path(args.out or f"runs/pretrain-{time.strftime('%Y%m%d-%H%M%S')}")
     path = pretrain(cfg, out)
     print(f"pretrained checkpoint: {path}")

@@ -8,7 +8,7 @@ only assembles them and checks the fields that span sections.
 
 from __future__ import annotations
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from tidal.section import Section
 from tidal.config.loader import ConfigError, load_config, parse_overrides
@@ -23,14 +23,15 @@ from tidal.trainer.config import TrainerConfig
 
 
 class TidalConfig(Section):
-    model: ModelConfig = ModelConfig()
-    engine: EngineConfig = EngineConfig()
-    env: EnvConfig = EnvConfig()
-    harness: HarnessConfig = HarnessConfig()
-    trainer: TrainerConfig = TrainerConfig()
-    pretrain: PretrainConfig = PretrainConfig()
-    orchestrator: OrchestratorConfig = OrchestratorConfig()
-    sync: SyncConfig = SyncConfig()
+    # Factories, not instances: each config resolves its "auto" dtypes when it is built.
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    harness: HarnessConfig = Field(default_factory=HarnessConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
+    orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
+    sync: SyncConfig = Field(default_factory=SyncConfig)
 
     @model_validator(mode="after")
     def _check_cross_section(self) -> "TidalConfig":
@@ -47,7 +48,8 @@ class TidalConfig(Section):
         if self.engine.numerics == "deterministic" and self.trainer.dtype != self.model.dtype:
             raise ValueError(
                 f"engine.numerics = 'deterministic' needs the trainer to compute in the engine's "
-                f"dtype: set trainer.dtype = {self.model.dtype!r} (it is {self.trainer.dtype!r}), "
+                f"dtype: trainer.dtype is {_shown(self.trainer, 'dtype')} but model.dtype is "
+                f"{_shown(self.model, 'dtype')}; set both to one dtype (or both to \"auto\"), "
                 "or engine.numerics = 'fast'"
             )
         if self.harness.context_window > self.engine.max_seq_len:
@@ -60,6 +62,22 @@ class TidalConfig(Section):
                 f"env.min_level ({self.env.min_level}) exceeds env.max_level ({self.env.max_level})"
             )
         return self
+
+    def dtype_choices(self) -> dict[str, dict[str, str]]:
+        """Every dtype this config chooses, as asked and as resolved on this machine:
+        ``{"model.dtype": {"requested": "auto", "resolved": "float32"}, ...}``."""
+        return {
+            f"{name}.{field}": {"requested": section.requested_dtype(field), "resolved": getattr(section, field)}
+            for name, section in self
+            for field in section.auto_dtype_fields()
+        }
+
+
+def _shown(section: Section, field: str) -> str:
+    value = getattr(section, field)
+    if section.requested_dtype(field) == "auto":
+        return f"{value!r} (what \"auto\" is on this machine)"
+    return repr(value)
 
 
 __all__ = ["ConfigError", "TidalConfig", "load_config", "parse_overrides"]

@@ -5,6 +5,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tidal.section import Section
+
+
+def recipe_tree(section: Section) -> dict[str, Any]:
+    """``section.model_dump(mode="json")`` with every dtype that "auto" chose written back as
+    "auto": a recipe saved on one machine resolves afresh on another (bf16 where it is native)."""
+    tree = section.model_dump(mode="json")
+    for name in section.auto_dtype_fields():
+        tree[name] = section.requested_dtype(name)
+    for name, value in section:
+        if isinstance(value, Section):
+            tree[name] = recipe_tree(value)
+    return tree
+
 
 def _value(v: Any) -> str:
     if isinstance(v, bool):

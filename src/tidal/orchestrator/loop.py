@@ -40,6 +40,7 @@ import torch
 from tidal.config import TidalConfig
 from tidal.env import EnvironmentSpec
 from tidal.fsutil import write_text_atomic
+from tidal.hardware import cpu_facts
 from tidal.orchestrator.evaluate import heldout_pass1
 from tidal.orchestrator.pool import LocalPool, OrchestratorError, RayPool
 from tidal.orchestrator.weights import open_weight_publisher
@@ -374,6 +375,8 @@ class Run:
             "rl_wall_s": s.rl_wall_s,
             "final_checkpoint": str(final_checkpoint),
             "init_checkpoint": self.init_checkpoint,
+            "dtypes": self.cfg.dtype_choices(),
+            "cpu": cpu_facts().record(),
         }
 
 

@@ -1,10 +1,8 @@
 """Mid-training: next-token prediction on a code corpus before RL."""
 
-from typing import Literal
-
 from pydantic import Field
 
-from tidal.section import Section
+from tidal.section import DtypeName, Section
 
 
 class PretrainConfig(Section):
@@ -33,9 +31,11 @@ class PretrainConfig(Section):
     fraction is further along, so a time-limited run still ends at the low learning rate."""
     weight_decay: float = Field(0.1, ge=0)
     """AdamW weight decay, applied to matrices (embeddings, projections) only, not norms."""
-    dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    dtype: DtypeName = "auto"
     """Compute dtype of the forward pass (CPU/GPU autocast); weights and optimizer state stay fp32.
-    bfloat16 nearly halves step time on CPUs with AVX512-BF16/AMX and on GPUs."""
+    "auto" = bfloat16 where this CPU computes bf16 natively (avx512_bf16 or AMX), where it nearly
+    halves step time, else float32: on a CPU that emulates bf16 (an Intel Xeon without
+    avx512_bf16/AMX) a bf16 matmul is ~4x slower than fp32."""
     num_threads: int = Field(0, ge=0)
     """CPU threads for pretraining (torch.set_num_threads) while it runs; 0 = torch's default
     (one per core). On a machine whose cores other processes also use, 1 is faster: OpenMP

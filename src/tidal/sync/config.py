@@ -1,10 +1,10 @@
 """Weight sync: how versions are encoded, served, relayed and pulled (the ``[sync]`` section)."""
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from tidal.section import Section
+from tidal.section import AUTO_DTYPE, Section
 
 
 class SyncConfig(Section):
@@ -12,10 +12,12 @@ class SyncConfig(Section):
     """How `tidal train` moves weights to its rollout workers: "http" = the delta publisher, an
     origin server on loopback and one puller per worker (this subsystem); "filesystem" = whole
     Hugging Face folders in the run directory (simple to inspect and debug)."""
-    serving_dtype: str = "bfloat16"
+    serving_dtype: Annotated[str, AUTO_DTYPE] = "auto"
     """dtype `tidal sync publish` casts floating-point tensors to before publishing (any torch
-    dtype name: bfloat16, float16, float32, ...). `tidal train` publishes in model.dtype, the dtype
-    its engines run."""
+    dtype name: bfloat16, float16, float32, ...). "auto" = what model.dtype's "auto" is on the
+    publishing machine (bfloat16 with native bf16, else float32); set it explicitly when the pools
+    that pull run on other hardware. `tidal train` publishes in model.dtype, the dtype its engines
+    run."""
     anchor_every: int = Field(10, ge=1)
     """Publish a full snapshot (an anchor) every this many versions; the others are deltas
     against the previous version. 1 = anchors only."""

@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tidal.section import Section
+from tidal.section import DtypeName, Section
 
 
 class OffPolicyConfig(Section):
@@ -70,9 +70,11 @@ class TrainerConfig(Section):
     """Sequences per forward/backward pass (gradient accumulation over the batch)."""
     normalize_adv_std: bool = True
     """GRPO: divide group-centred rewards by the group's standard deviation."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: DtypeName = "auto"
     """Compute dtype of the training forward pass; master weights and optimizer state are fp32.
-    bfloat16 on fp32 parameters runs the forward under autocast; on bf16 parameters it is native."""
+    bfloat16 on fp32 parameters runs the forward under autocast; on bf16 parameters it is native.
+    "auto" = bfloat16 where this CPU computes bf16 natively, else float32 (as model.dtype, so the
+    two agree, which engine.numerics = "deterministic" needs)."""
     router_replay: Literal["required", "if_available", "off"] = "required"
     """MoE: route each position through the experts the engine recorded (Segment.experts and
     prompt_experts), with gate weights from the trainer's own router logits over them.
