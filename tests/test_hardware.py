@@ -99,7 +99,17 @@ def machine(request, monkeypatch):
     """Pretend to run on that CPU: every "auto" resolves by its facts."""
     facts = read_cpu_facts(request.param, {})
     monkeypatch.setattr(hardware, "cpu_facts", lambda: facts)
+    monkeypatch.delenv(hardware.AUTO_DTYPE_ENV, raising=False)  # conftest pins "auto" to fp32
     return facts
+
+
+def test_the_auto_override_wins_and_a_bad_value_is_named(machine, monkeypatch):
+    monkeypatch.setenv(hardware.AUTO_DTYPE_ENV, "float32")
+    assert resolve_dtype("auto") == "float32"
+    assert resolve_dtype("bfloat16") == "bfloat16"
+    monkeypatch.setenv(hardware.AUTO_DTYPE_ENV, "fp8")
+    with pytest.raises(ValueError, match="TIDAL_AUTO_DTYPE"):
+        resolve_dtype("auto")
 
 
 def test_resolve_dtype_auto_follows_native_bf16_and_explicit_names_pass(machine):
@@ -167,7 +177,13 @@ def test_doctor_json_has_stable_keys(tmp_path, capsys):
     assert set(record["aten"]) == {"capability", "levels"}
     assert set(record["onednn"]) == {"available", "levels", "bf16_kernels", "isa", "bf16_matmul"}
     assert record["auto_dtype"] == resolve_dtype("auto") and isinstance(record["native_bf16"], bool)
-    assert record["deterministic_paths"] is None or all(
-        {"op", "dtype", "path", "holds", "candidates", "threads"} <= set(p) for p in record["deterministic_paths"])
+    paths = record["deterministic_paths"]
+    assert {(p["op"], p["dtype"]) for p in paths} >= {("linear", "float32"), ("linear", "bfloat16"),
+                                                      ("attention", "bfloat16"), ("moe_stacked", "float32")}
+    for p in paths:
+        assert set(p) == {"op", "dtype", "path", "holds", "candidates", "threads"}
+        assert p["holds"] == (p["path"] is not None)
+        assert all(set(c) == {"path", "holds", "us_per_call", "failure"} for c in p["candidates"])
+        assert p["path"] in {c["path"] for c in p["candidates"] if c["holds"]}
     out = capsys.readouterr().out
     assert "native bf16:" in out and 'dtype "auto":' in out and "deterministic paths:" in out

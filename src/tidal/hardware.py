@@ -195,11 +195,22 @@ def native_bf16(device: str = "cpu") -> bool:
     return cpu_facts().native_bf16
 
 
+AUTO_DTYPE_ENV = "TIDAL_AUTO_DTYPE"
+"""Environment variable that makes "auto" resolve to the dtype it names (float32 | bfloat16)
+whatever the hardware: the test suite sets float32, so it checks the same numbers on a CPU with
+native bf16 and on one without (bf16 is tested where a test asks for it by name)."""
+
+
 def resolve_dtype(name: str, device: str = "cpu") -> str:
     """A config's dtype name made concrete: "auto" -> "bfloat16" where bf16 is native on
     ``device``, "float32" elsewhere; any other name is returned as it is."""
     if name != "auto":
         return name
+    forced = os.environ.get(AUTO_DTYPE_ENV, "")
+    if forced:
+        if forced not in ("float32", "bfloat16"):
+            raise ValueError(f"{AUTO_DTYPE_ENV}={forced!r}: use float32 or bfloat16 (or unset it)")
+        return forced
     return "bfloat16" if native_bf16(device) else "float32"
 
 

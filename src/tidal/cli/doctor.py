@@ -42,13 +42,11 @@ def onednn_bf16_matmul() -> dict[str, str | None]:
     return {"isa": isa, "bf16_matmul": impl}
 
 
-def deterministic_paths() -> list[dict] | None:
-    """tidal.numerics.probe's report of the path each deterministic op takes here; None while
-    that module does not exist yet."""
-    try:
-        from tidal.numerics.probe import probe_report
-    except ImportError:
-        return None
+def deterministic_paths() -> list[dict]:
+    """tidal.numerics.probe's report: each deterministic op's candidate paths, which hold here,
+    what each costs, and the one the engine and the trainer run (fp32 and bf16)."""
+    from tidal.numerics.probe import probe_report
+
     return probe_report()
 
 
@@ -98,24 +96,27 @@ def format_record(r: dict) -> str:
         f"native bf16:        {_yes(r['native_bf16'])} ({r['bf16_reason']})",
         f'dtype "auto":       {r["auto_dtype"]}',
         f"torch threads:      {r['threads']}",
-        "deterministic paths:",
+        "deterministic paths: op, dtype -> the path the engine and the trainer run; every candidate "
+        "in order with its us per call at 16 rows, or where it broke (checked at threads "
+        + ",".join(map(str, r["deterministic_paths"][0]["threads"])) + ")",
     ]
-    paths = r["deterministic_paths"]
-    if paths is None:
-        lines.append("  probe not available")
-    for p in paths or []:
+    for p in r["deterministic_paths"]:
         lines.append(_path_line(p))
     return "\n".join(lines)
 
 
 def _path_line(p: dict) -> str:
-    """One probed op: the path chosen (None: no candidate holds), its cost, the threads probed."""
-    chosen = next((c for c in p["candidates"] if c["path"] == p["path"]), None)
-    us = f"{chosen['us_per_call']:.1f} us/call" if chosen and chosen["us_per_call"] is not None else "-"
-    threads = p["threads"] if isinstance(p["threads"], int) else ",".join(map(str, p["threads"]))
+    """One probed op: the path chosen (none: no candidate holds) and every candidate tried, in
+    order, with whether it holds here, what it costs at 16 rows, or where it broke."""
     dtype = str(p["dtype"]).removeprefix("torch.")
-    return (f"  {p['op']:<16} {dtype:<9} {p['path'] or '(none holds)':<28} holds {_yes(p['holds']):<3} "
-            f"{us:>14}  threads {threads}, {len(p['candidates'])} candidates")
+
+    def candidate(c: dict) -> str:
+        if not c["holds"]:
+            return f"{c['path']} fails ({c['failure']})"
+        return c["path"] + (f" {c['us_per_call']:.1f} us" if c["us_per_call"] is not None else "")
+
+    tried = "; ".join(candidate(c) for c in p["candidates"])
+    return f"  {p['op']:<16} {dtype:<9} -> {p['path'] or 'NONE HOLDS':<16} {tried}"
 
 
 def cmd_doctor(args, rest) -> int:
