@@ -209,15 +209,17 @@ def attention_bias(query_at: torch.Tensor, length: int) -> torch.Tensor:
 
 
 ATTENTION_PATHS: dict[torch.dtype, tuple[str, ...]] = {
-    torch.float32: ("native",),
-    torch.bfloat16: ("native", "fp32"),
+    torch.float32: ("unpadded", "padded"),
+    torch.bfloat16: ("unpadded", "padded", "padded-fp32"),
 }
-"""Candidate paths of ``attention``: native runs its batched matmuls in the inputs' dtype; fp32
-upcasts q, k and v first (exact) and rounds the output once."""
+"""Candidate paths of ``attention``, fastest first. unpadded: a decode step's matmuls have as
+many rows per kv head as it has q heads (fine where the batched matmul's few-row kernels sum
+like its many-row ones: probed); padded: at least MIN_MATMUL_ROWS rows, so one query and many
+take the same kernels; -fp32: q, k and v upcast first (exact), the output rounded once."""
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
-              path: str = "native") -> torch.Tensor:
+              path: str = "padded") -> torch.Tensor:
     """Grouped-query softmax attention whose every output row is independent of the key length
     and of the other queries.
 
@@ -225,9 +227,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     bias [B, 1, T, 1, L] from ``attention_bias`` (every query must see at least one key).
     Returns [B, T, heads * D] in q's dtype.
 
-    The q heads sharing a kv head are that kv head's matmul rows, T x group of them, padded with
-    zero heads to at least MIN_MATMUL_ROWS (a decode step has T = 1) so both matmuls stay on
-    the row-invariant kernels. Scores: one matmul over all L keys (invariant in the column
+    The q heads sharing a kv head are that kv head's matmul rows, T x group of them; on the
+    padded paths padded with zero heads to at least MIN_MATMUL_ROWS (a decode step has T = 1) so
+    both matmuls stay on the same kernels (ATTENTION_PATHS). Scores: one matmul over all L keys (invariant in the column
     count); softmax over L in fp32 (torch's last-dim kernel reduces each row in vector lanes in
     order, so keys past the query, at -inf, add exact zeros: measured invariant for L = 64..512);
     p @ v per KEY_BLOCK keys (one matmul over the whole L is not invariant in L: measured), the
@@ -235,14 +237,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     Matmuls take 3-D views of k and v (a KV cache's rows are read in place, never copied).
     """
     out_dtype = q.dtype
-    if path == "fp32" and q.dtype != torch.float32:
+    if path.endswith("fp32") and q.dtype != torch.float32:
         q, k, v = q.float(), k.float(), v.float()
     b, t, heads, d = q.shape
     kv_heads, length = k.shape[1], k.shape[2]
     if length % KEY_BLOCK:
         raise ValueError(f"attention needs a key length that is a multiple of {KEY_BLOCK}, got {length}")
     group = heads // kv_heads
-    padded = max(group, -(-MIN_MATMUL_ROWS // t))  # q heads per kv head and query, with padding
+    min_rows = 1 if path == "unpadded" else MIN_MATMUL_ROWS
+    padded = max(group, -(-min_rows // t))  # q heads per kv head and query, with padding
     q = q.unflatten(2, (kv_heads, group))  # [B, T, kv_heads, group, D]
     if padded > group:
         q = F.pad(q, (0, 0, 0, padded - group))
