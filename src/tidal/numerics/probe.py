@@ -29,8 +29,9 @@ the deterministic mode refuses to start (``DeterminismUnavailable``) instead of 
 "deterministic" while being wrong.
 
 Costs: each candidate's time per call at 16 rows is measured for ``tidal doctor``; it never
-decides anything. The whole probe takes ~0.1-0.3 s on the tiny presets and is cached per
-(shapes, dtype) for the process.
+decides anything. The whole probe takes ~0.3 s of one core per dtype on the tiny presets (with
+``OMP_WAIT_POLICY=PASSIVE``, as the CLI sets it; OpenMP's active spin-wait under load makes its
+2-thread checks several times dearer) and is cached per (shapes, dtype, threads) for the process.
 """
 
 from __future__ import annotations
