@@ -75,6 +75,29 @@ def test_hf_checkpoint_loads_with_identical_logits(tmp_path, moe, tied, norm_top
     assert diff <= TOL
 
 
+@pytest.mark.parametrize("moe,tied,norm_topk", [(False, True, True), (True, False, True),
+                                                (True, True, False)])
+def test_the_one_fused_forward_matches_transformers(tmp_path, moe, tied, norm_topk):
+    """model/fused.py, the forward the engine and the trainer run, on both CPU op sets: the
+    deterministic one without a cache (the trainer's pass) and with one (the engine's chunked
+    prefill + decode), and the fast one with a cache, against transformers' logits."""
+    ref = hf_model(moe, tied, norm_topk)
+    ref.save_pretrained(tmp_path)
+    ours = from_pretrained(tmp_path)
+    x = ids(3, 11)
+    pos = torch.arange(11).expand(3, 11)
+    with torch.no_grad():
+        want = ref(x).logits.float()
+        got = {"deterministic": ours(x, deterministic=True)}
+        for mode in ("deterministic", "fast"):
+            cache = KVCache.for_model(ours.config, num_slots=3, max_len=11)
+            parts = [ours(x[:, a:b], positions=pos[:, a:b], cache=cache, slots=range(3),
+                          deterministic=mode == "deterministic") for a, b in ((0, 6), (6, 7), (7, 11))]
+            got[f"{mode}, cached"] = torch.cat(parts, 1)
+    for name, logits in got.items():
+        assert (logits - want).abs().max().item() <= TOL, name
+
+
 @pytest.mark.parametrize("moe,tied", [(False, True), (False, False), (True, True), (True, False)])
 def test_our_checkpoint_loads_in_transformers(tmp_path, moe, tied):
     ours = build_model(small_cfg(moe, tied), seed=3)
