@@ -1,24 +1,26 @@
-"""Kernel checks for a device run: each deterministic op against plain torch, and invariant.
+"""Kernel checks for a device run: each batch-invariant kernel against plain torch, and invariant.
 
 ``run_kernel_checks(device)`` returns one record per check: ``{"name", "ok", "detail"}`` where
 detail holds the measured error or the first failure. Every check runs even if one fails (this
 is the first section of a one-shot GPU script), and records a raised error as a failure.
-On CUDA the ops are the Triton kernels; elsewhere the pure-torch reference (so this runs here).
+The kernels: the Triton ones (``triton_kernels``; on CUDA, or on the CPU in Triton's
+interpreter) or their pure-torch references (``reference_kernels``, reference.py: runs anywhere).
 Checked: close to torch (relative error of bf16 size), and batch invariance: a row's output is
 bitwise the same alone, in a prefix, or in a shuffled batch; attention also decode vs prefill.
 """
 
 from __future__ import annotations
 
+import os
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
-from tidal.kernels.ops import DeterministicOps, FastOps
+import torch.nn.functional as F
 
 REL_TOL = 2e-2
-"""Largest |deterministic - torch| / max|torch| accepted (bf16 outputs round at ~4e-3)."""
+"""Largest |kernel - torch| / max|torch| accepted (bf16 outputs round at ~4e-3)."""
 
 
 @dataclass(frozen=True)
@@ -37,24 +39,54 @@ SMALL = Dims(rows=24, width=96, vocab=300, keys=70, head_dim=16)
 """For Triton's interpreter, which runs each program in Python."""
 
 
-def run_kernel_checks(device, det: DeterministicOps | None = None, small: bool = False) -> list[dict]:
-    """Run every check on ``device`` with ``det`` (default: Triton on CUDA, else reference);
-    ``small`` shrinks the problems (for Triton's interpreter)."""
+@dataclass(frozen=True)
+class Kernels:
+    """The kernels under check, each with its torch-like signature."""
+
+    name: str
+    linear: Callable  # (x [M, K], w [N, K], out_dtype | None) -> [M, N]
+    rms_norm: Callable  # (x, weight [H], eps) -> x's shape
+    softmax: Callable  # (x, log: bool) -> fp32
+    attention: Callable  # (q [N, Hq, D], k/v caches [S, Hkv, L, D], slot, pos, scale) -> [N, Hq, D]
+    experts: Callable  # (x [M, H], ids/gates [M, k], gate_up [E, 2I, H], down [E, H, I]) -> [M, H]
+
+
+def triton_kernels() -> Kernels:
+    from tidal.kernels import attention, matmul, rowwise
+    from tidal.kernels.triton_ops import TritonOps
+
+    return Kernels("triton", lambda x, w, out_dtype=None: matmul.linear(x, w, out_dtype),
+                   rowwise.rms_norm, rowwise.softmax, attention.attention, TritonOps().experts)
+
+
+def reference_kernels() -> Kernels:
+    from tidal.kernels import reference
+
+    return Kernels("reference", reference.linear, reference.rms_norm, reference.softmax,
+                   reference.attention, reference.experts)
+
+
+def run_kernel_checks(device, kernels: Kernels | None = None, small: bool = False) -> list[dict]:
+    """Run every check on ``device`` with ``kernels`` (default: Triton on CUDA or under
+    TRITON_INTERPRET=1, else the references); ``small`` shrinks the problems (for Triton's
+    interpreter)."""
     dims = SMALL if small else FULL
     device = torch.device(device)
-    det = det or DeterministicOps(use_triton=device.type == "cuda")
+    if kernels is None:
+        interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+        kernels = triton_kernels() if device.type == "cuda" or interpreted else reference_kernels()
     gen = torch.Generator(device="cpu").manual_seed(0)
     checks = [_linear, _linear_fp32_out, _rms_norm, _log_softmax, _softmax, _attention, _experts]
     records = []
     for check in checks:
         name = check.__name__.lstrip("_")
         try:
-            ok, detail = check(det, device, gen, dims)
+            ok, detail = check(kernels, device, gen, dims)
         except Exception as exc:  # noqa: BLE001 - report every check (module docstring)
             traceback.print_exc()
             ok, detail = False, f"{type(exc).__name__}: {exc}"
-        print(f"kernel check {name:<16} {'ok' if ok else 'FAILED'}  {detail}")
-        records.append({"name": name, "ok": ok, "detail": detail})
+        print(f"kernel check {name:<16} {'ok' if ok else 'FAILED'}  {detail}  ({kernels.name})")
+        records.append({"name": name, "ok": ok, "detail": detail, "kernels": kernels.name})
     return records
 
 
@@ -105,7 +137,7 @@ def _rms_norm(det, device, gen, dims):
     m, k = dims.rows, dims.width * 3 // 4
     x, w = _randn(gen, m, k, device=device), _randn(gen, k, device=device)
     full = det.rms_norm(x, w, 1e-6)
-    err = _rel_err(full, FastOps().rms_norm(x, w, 1e-6))
+    err = _rel_err(full, F.rms_norm(x, (k,), w, 1e-6))
     return _result(err, _row_invariant(lambda i: det.rms_norm(x[i], w, 1e-6), m, full, device, gen))
 
 
@@ -135,18 +167,18 @@ def _attention(det, device, gen, dims):
     slot = torch.randint(0, slots, (n,), generator=gen).to(device)
     pos = torch.randint(0, length, (n,), generator=gen).to(device)
     scale = d ** -0.5
-    full = det._attention(q, k_cache, v_cache, slot, pos, scale)
+    full = det.attention(q, k_cache, v_cache, slot, pos, scale)
     want = _masked_attention(q, k_cache, v_cache, slot, pos, scale)
     err = _rel_err(full, want)
-    inv = _row_invariant(lambda i: det._attention(q[i], k_cache, v_cache, slot[i], pos[i], scale),
+    inv = _row_invariant(lambda i: det.attention(q[i], k_cache, v_cache, slot[i], pos[i], scale),
                          n, full, device, gen)
     seq = length - 1
     seq_q = _randn(gen, seq, hq, d, device=device)
     seq_slot = torch.zeros(seq, dtype=torch.long, device=device)
     seq_pos = torch.arange(seq, device=device)
-    prefill = det._attention(seq_q, k_cache, v_cache, seq_slot, seq_pos, scale)
+    prefill = det.attention(seq_q, k_cache, v_cache, seq_slot, seq_pos, scale)
     for p in sorted({0, 1, 63, 64, 65, seq - 1} & set(range(seq))):
-        one = det._attention(seq_q[p : p + 1], k_cache, v_cache, seq_slot[p : p + 1],
+        one = det.attention(seq_q[p : p + 1], k_cache, v_cache, seq_slot[p : p + 1],
                              seq_pos[p : p + 1], scale)
         if not torch.equal(one, prefill[p : p + 1]) and inv is None:
             inv = f"decode at position {p} differs from prefill"
@@ -172,7 +204,15 @@ def _experts(det, device, gen, dims):
     ids = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(m)]).to(device)
     weights = torch.rand((m, k), generator=gen).to(device)
     full = det.experts(x, ids, weights, gate_up, down)
-    err = _rel_err(full, FastOps().experts(x.float(), ids, weights, gate_up.float(), down.float()))
+    err = _rel_err(full, _dense_experts(x, ids, weights, gate_up, down))
     inv = _row_invariant(lambda i: det.experts(x[i], ids[i], weights[i], gate_up, down), m, full,
                          device, gen)
     return _result(err, inv)
+
+
+def _dense_experts(x, ids, weights, gate_up, down):
+    """fp32 oracle: every expert on every token, then each token's k picked and weighted."""
+    gate, up = torch.einsum("mh,eoh->meo", x.float(), gate_up.float()).chunk(2, dim=-1)
+    y = torch.einsum("mei,ehi->meh", F.silu(gate) * up, down.float())  # [M, E, H]
+    picked = y.gather(1, ids[..., None].expand(-1, -1, y.shape[-1]))  # [M, k, H]
+    return (picked * weights.float()[..., None]).sum(1)

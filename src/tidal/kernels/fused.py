@@ -7,10 +7,11 @@ of torch ops with one launch; every program owns one row (token, head or expert)
 arithmetic depends on that row alone, so decode, prefill and the trainer's forward still give
 the same bits.
 
-- ``qkv_to_cache``: q/k RMSNorm + RoPE of the fused qkv projection, k and v written to the KV
-  cache, q returned (was: 2 copies, 2 norms, 10 rope ops, 2 cache writes, 4 table gathers).
-- ``route``: router softmax, top-k (or the replayed ids), gates and their ordered renormalisation
-  (was: softmax, topk, gather, k adds, a division).
+- ``qkv_to_cache``: q/k norm (per-head weights, RMSNorm or model/fused.py's folded form) + RoPE
+  of the fused qkv projection, k and v written to the KV cache, q returned (was: 2 copies, 2
+  norms, 10 rope ops, 2 cache writes, 4 table gathers).
+- ``route``: router softmax, its own top-k, the ids to use (those or the replayed ones), gates
+  and their ordered renormalisation (was: softmax, topk, gather, k adds, a division).
 - ``align_by_expert``: assignments sorted by expert into whole tiles, one program per expert
   (was: ~25 torch ops: argsort, scatter-add counts, cumsums, searchsorted, ...).
 - ``combine``: residual + the top-k expert outputs weighted and summed in top-k order in fp32
@@ -30,13 +31,14 @@ COMBINE_BLOCK = 1024
 
 
 @triton.jit
-def _qkv_kernel(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache_ptr,
-                v_cache_ptr, slot_ptr, pos_ptr, eps, stride_qkv, stride_rope, stride_qo,
+def _qkv_kernel(qkv_ptr, norm_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
+                slot_ptr, pos_ptr, eps, width_div, stride_qkv, stride_rope, stride_qo,
                 stride_cs, stride_ch, stride_cl, HQ: tl.constexpr, HKV: tl.constexpr,
                 D: tl.constexpr):
-    """Program (token, head of q|k|v): v copied to the cache; q/k normalised (as rowwise's
-    RMSNorm), rotated (HF's x*cos + rotate_half(x)*sin, each product rounded to the input
-    dtype as torch does), q stored, k written to the cache."""
+    """Program (token, head of q|k|v): v copied to the cache; q/k normalised (x * 1 /
+    sqrt(sum x^2 / width_div + eps), cast back, times the head's norm weight), rotated (x * cos
+    + x.roll(D/2) * sin_signed, each product rounded to the input dtype as torch does), q
+    stored, k written to the cache. A token at position < 0 (padding) writes nothing."""
     n = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     d = tl.arange(0, D)
@@ -44,54 +46,57 @@ def _qkv_kernel(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, q_out_ptr, k_
     x = tl.load(src + d)
     slot = tl.load(slot_ptr + n).to(tl.int64)
     pos = tl.load(pos_ptr + n).to(tl.int64)
-    cache_row = slot * stride_cs + pos * stride_cl + d
+    real = pos >= 0
+    cache_row = slot * stride_cs + tl.maximum(pos, 0) * stride_cl + d
     if head >= HQ + HKV:
-        tl.store(v_cache_ptr + cache_row + (head - HQ - HKV) * stride_ch, x)
+        tl.store(v_cache_ptr + cache_row + (head - HQ - HKV) * stride_ch, x, mask=real & (d < D))
     else:
         rot = (d + D // 2) % D
         xr = tl.load(src + rot)
-        if head < HQ:
-            w, wr = tl.load(q_norm_ptr + d), tl.load(q_norm_ptr + rot)
-        else:
-            w, wr = tl.load(k_norm_ptr + d), tl.load(k_norm_ptr + rot)
+        w, wr = tl.load(norm_ptr + head * D + d), tl.load(norm_ptr + head * D + rot)
         h = x.to(tl.float32)
-        inv = 1.0 / tl.sqrt_rn(tl.sum(h * h, axis=0) / D + eps)
+        inv = 1.0 / tl.sqrt_rn(tl.sum(h * h, axis=0) / width_div + eps)
         xn = (w.to(tl.float32) * (h * inv).to(x.dtype).to(tl.float32)).to(x.dtype)
         xrn = (wr.to(tl.float32) * (xr.to(tl.float32) * inv).to(x.dtype).to(tl.float32)).to(x.dtype)
-        rotated = tl.where(d < D // 2, -xrn.to(tl.float32), xrn.to(tl.float32))
-        cos = tl.load(cos_ptr + pos * stride_rope + d).to(x.dtype).to(tl.float32)
-        sin = tl.load(sin_ptr + pos * stride_rope + d).to(x.dtype).to(tl.float32)
+        cos = tl.load(cos_ptr + n * stride_rope + d).to(x.dtype).to(tl.float32)
+        sin = tl.load(sin_ptr + n * stride_rope + d).to(x.dtype).to(tl.float32)
         a = (xn.to(tl.float32) * cos).to(x.dtype).to(tl.float32)
-        b = (rotated * sin).to(x.dtype).to(tl.float32)
+        b = (xrn.to(tl.float32) * sin).to(x.dtype).to(tl.float32)
         out = (a + b).to(x.dtype)
         if head < HQ:
             tl.store(q_out_ptr + n * stride_qo + head * D + d, out)
         else:
-            tl.store(k_cache_ptr + cache_row + (head - HQ) * stride_ch, out)
+            tl.store(k_cache_ptr + cache_row + (head - HQ) * stride_ch, out, mask=real & (d < D))
 
 
-def qkv_to_cache(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, slot, pos, heads, eps):
-    """qkv [N, (Hq + 2 Hkv) D] (q, k, v heads side by side); cos/sin: RoPE tables [L, D] fp32;
-    caches [S, Hkv, L, D] -> q [N, Hq, D] normalised and rotated (k, v now in the caches)."""
+def qkv_to_cache(qkv, qk_norm, cos, sin_signed, k_cache, v_cache, slot, pos, heads, eps,
+                 width_div):
+    """qkv [N, (Hq + 2 Hkv) D] (q, k, v heads side by side); qk_norm [Hq + Hkv, D]: each q and k
+    head's norm weight; cos/sin_signed [N, D]: each token's RoPE row (model/rope.py's table);
+    caches [S, Hkv, L, D]; slot/pos [N] (pos < 0: padding, not written) -> q [N, Hq, D]
+    normalised and rotated (k, v now in the caches). The norm is x / sqrt(sum x^2 / width_div
+    + eps): width_div = D for RMSNorm, 1 for model/fused.py's folded form (eps = D * eps)."""
     hq, hkv, d = heads
     n = qkv.shape[0]
     assert qkv.stride(1) == 1 and k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
-    assert cos.stride(1) == 1 and cos.stride() == sin.stride()
+    assert cos.stride(1) == 1 and cos.stride() == sin_signed.stride()
+    assert qk_norm.shape == (hq + hkv, d) and qk_norm.is_contiguous()
     q = torch.empty((n, hq, d), dtype=qkv.dtype, device=qkv.device)
     if n:
-        _qkv_kernel[(n, hq + 2 * hkv)](qkv, q_norm, k_norm, cos, sin, q, k_cache, v_cache, slot,
-                                       pos, eps, qkv.stride(0), cos.stride(0), q.stride(0),
-                                       k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                                       HQ=hq, HKV=hkv, D=d)
+        _qkv_kernel[(n, hq + 2 * hkv)](qkv, qk_norm, cos, sin_signed, q, k_cache, v_cache, slot,
+                                       pos, eps, width_div, qkv.stride(0), cos.stride(0),
+                                       q.stride(0), k_cache.stride(0), k_cache.stride(1),
+                                       k_cache.stride(2), HQ=hq, HKV=hkv, D=d)
     return q
 
 
 @triton.jit
-def _route_kernel(logits_ptr, ids_ptr, gates_ptr, E, stride_l, REPLAY: tl.constexpr,
+def _route_kernel(logits_ptr, ids_ptr, own_ptr, gates_ptr, E, stride_l, REPLAY: tl.constexpr,
                   NORM: tl.constexpr, TOPK: tl.constexpr, K_POW2: tl.constexpr,
                   E_POW2: tl.constexpr):
-    """Program = token: softmax over its E logits, top-k by repeated argmax (or the replayed
-    ids), gates = those probabilities, renormalised by their sum in top-k order."""
+    """Program = token: softmax over its E logits, its own top-k by repeated argmax, the ids
+    to use (those, or the replayed ones), gates = their probabilities, renormalised by their
+    sum in top-k order."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, E_POW2)
     ks = tl.arange(0, K_POW2)
@@ -99,16 +104,17 @@ def _route_kernel(logits_ptr, ids_ptr, gates_ptr, E, stride_l, REPLAY: tl.conste
     x = x.to(tl.float32)
     p = tl.exp(x - tl.max(x, axis=0))
     probs = p / tl.sum(p, axis=0)
+    own = tl.zeros((K_POW2,), tl.int64)
+    left = tl.where(cols < E, probs, -1.0)
+    for j in tl.static_range(TOPK):
+        best = tl.argmax(left, axis=0)
+        own = tl.where(ks == j, best.to(tl.int64), own)
+        left = tl.where(cols == best, -2.0, left)
+    tl.store(own_ptr + row * TOPK + ks, own, mask=ks < TOPK)
     if REPLAY:
         ids = tl.load(ids_ptr + row * TOPK + ks, mask=ks < TOPK, other=0).to(tl.int64)
     else:
-        ids = tl.zeros((K_POW2,), tl.int64)
-        left = tl.where(cols < E, probs, -1.0)
-        for j in tl.static_range(TOPK):
-            best = tl.argmax(left, axis=0)
-            ids = tl.where(ks == j, best.to(tl.int64), ids)
-            left = tl.where(cols == best, -2.0, left)
-        tl.store(ids_ptr + row * TOPK + ks, ids, mask=ks < TOPK)
+        ids = own
     # one nonzero per row of the compare: an exact gather
     gates = tl.sum(tl.where(cols[None, :] == ids[:, None], probs[None, :], 0.0), axis=1)
     if NORM:
@@ -121,17 +127,18 @@ def _route_kernel(logits_ptr, ids_ptr, gates_ptr, E, stride_l, REPLAY: tl.conste
 
 def route(logits: torch.Tensor, k: int, norm: bool, replay: torch.Tensor | None):
     """Router logits [N, E] -> (expert ids [N, k] int64: the top-k, or ``replay``; gates [N, k]
-    fp32: softmax probabilities at those ids, renormalised when ``norm``)."""
+    fp32: softmax probabilities at those ids, renormalised when ``norm``; the router's own
+    top-k [N, k], the ids themselves without replay)."""
     n, e = logits.shape
     assert logits.stride(1) == 1
-    ids = replay.to(torch.int64).contiguous() if replay is not None else torch.empty(
-        (n, k), dtype=torch.int64, device=logits.device)
+    own = torch.empty((n, k), dtype=torch.int64, device=logits.device)
+    ids = own if replay is None else replay.to(torch.int64).contiguous()
     gates = torch.empty((n, k), dtype=torch.float32, device=logits.device)
     if n:
-        _route_kernel[(n,)](logits, ids, gates, e, logits.stride(0), REPLAY=replay is not None,
+        _route_kernel[(n,)](logits, ids, own, gates, e, logits.stride(0), REPLAY=replay is not None,
                             NORM=norm, TOPK=k, K_POW2=triton.next_power_of_2(k),
                             E_POW2=triton.next_power_of_2(e))
-    return ids, gates
+    return ids, gates, own
 
 
 @triton.jit(do_not_specialize=["A"])

@@ -1,4 +1,6 @@
-"""Pure-torch batch-invariant ops: the CPU fallback of the Triton kernels and their oracle.
+"""Pure-torch batch-invariant counterparts of the Triton kernels: kernels/checks.py runs its
+accuracy and invariance checks on them where no Triton is at hand (tests/test_kernels.py). The
+model's CPU op sets are tidal.numerics' (faster, probed at start-up); these are for the checks.
 
 Every reduction here is a fixed binary tree over the reduced axis (``tree_sum``): the input is
 zero-padded to a power of two and halved by elementwise adds. An elementwise add rounds each
@@ -121,3 +123,21 @@ def grouped_linear(x: torch.Tensor, weights: torch.Tensor, expert: torch.Tensor)
     if not outs:
         return x.new_zeros((0, weights.shape[1]))
     return torch.cat(outs).to(x.dtype)
+
+
+def experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
+            down: torch.Tensor) -> torch.Tensor:
+    """x [M, H] through experts ids [M, k] (gate_up [E, 2I, H], down [E, H, I]), each
+    assignment on its own row, the k outputs weighted and added in top-k order in fp32."""
+    m, k = ids.shape
+    inter = down.shape[2]
+    flat = ids.reshape(-1)
+    token = torch.arange(m, device=x.device).repeat_interleave(k)
+    h = grouped_linear(x[token], gate_up, flat)
+    y = grouped_linear(silu_mul(h[:, :inter], h[:, inter:]), down, flat)
+    y = y.view(m, k, -1).float() * weights.float()[..., None]
+    total = y[:, 0]
+    for j in range(1, k):
+        total = total + y[:, j]
+    return total.to(x.dtype)
+

@@ -17,17 +17,20 @@ SOFTMAX_CHUNK = 2048
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, width, stride_x, stride_o, eps, BLOCK: tl.constexpr):
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, width, stride_x, stride_o, eps, width_div,
+                     HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < width
     x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0)
     h = x.to(tl.float32)
-    mean_sq = tl.sum(h * h, axis=0) / width
+    mean_sq = tl.sum(h * h, axis=0) / width_div
     h = h * (1.0 / tl.sqrt_rn(mean_sq + eps))
-    w = tl.load(w_ptr + cols, mask=ok, other=0.0)
-    # transformers: weight * h.to(input dtype), the product in the input dtype
-    y = (w.to(tl.float32) * h.to(x.dtype).to(tl.float32)).to(x.dtype)
+    y = h.to(x.dtype)
+    if HAS_WEIGHT:
+        # transformers: weight * h.to(input dtype), the product in the input dtype
+        w = tl.load(w_ptr + cols, mask=ok, other=0.0)
+        y = (w.to(tl.float32) * y.to(tl.float32)).to(x.dtype)
     tl.store(out_ptr + row * stride_o + cols, y, mask=ok)
 
 
@@ -55,14 +58,20 @@ def _softmax_kernel(x_ptr, out_ptr, width, stride_x, stride_o, LOG: tl.constexpr
         tl.store(out_ptr + row * stride_o + c0 + cols, y, mask=ok)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim (normalised in fp32, cast back, then scaled)."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
+             folded: bool = False) -> torch.Tensor:
+    """RMSNorm over the last dim (normalised in fp32, cast back, then scaled by ``weight`` if
+    given). ``folded``: model/fused.py's form x / sqrt(sum x^2 + eps), eps already n * eps (the
+    weight and sqrt(n) live in the next matmul)."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).contiguous()
     out = torch.empty_like(x2)
     if x2.shape[0]:
-        _rms_norm_kernel[(x2.shape[0],)](x2, weight, out, shape[-1], x2.stride(0), out.stride(0),
-                                         eps, BLOCK=triton.next_power_of_2(shape[-1]))
+        _rms_norm_kernel[(x2.shape[0],)](x2, x2 if weight is None else weight, out, shape[-1],
+                                         x2.stride(0), out.stride(0), eps,
+                                         1.0 if folded else float(shape[-1]),
+                                         HAS_WEIGHT=weight is not None,
+                                         BLOCK=triton.next_power_of_2(shape[-1]))
     return out.view(shape)
 
 

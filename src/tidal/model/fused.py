@@ -4,7 +4,7 @@ run this function over one fused weight layout; the op set (tidal.numerics.opset
     engine, fast:           model(ids, positions, cache, slots)                 FastOps
     engine, deterministic:  model(ids, positions, cache, slots, deterministic=True)
     trainer, deterministic: model(ids, deterministic=True, dtype=the engine's)  DeterministicOps
-    GPU:                    the same calls on CUDA tensors                       TritonOps
+    GPU:                    the same calls on CUDA tensors        FastGpuOps / TritonOps
 
 Why one: the engine's sampling logprob and the trainer's recomputation must come from the same
 math; two forwards are two places to drift apart. The module forward (qwen3.py) stays the

@@ -322,10 +322,13 @@ def init_weights(model: CausalLM, generator: torch.Generator | None = None) -> N
             p.normal_(0.0, std, generator=generator)
 
 
-def build_model(cfg: ModelConfig, seed: int | None = None) -> CausalLM:
-    """A randomly initialised model in cfg.dtype; seed makes it reproducible without touching
-    the global RNG."""
-    generator = None if seed is None else torch.Generator().manual_seed(seed)
-    model = CausalLM(cfg)
+def build_model(cfg: ModelConfig, seed: int | None = None,
+                device: torch.device | str = "cpu") -> CausalLM:
+    """A randomly initialised model in cfg.dtype on ``device`` (made and initialised there: a
+    2B-parameter model needs no fp32 copy in host memory); seed makes it reproducible without
+    touching the global RNG (a generator on ``device``: other numbers on a GPU than on the CPU)."""
+    generator = None if seed is None else torch.Generator(device).manual_seed(seed)
+    with torch.device(device):
+        model = CausalLM(cfg)
     init_weights(model, generator)
     return model.to(getattr(torch, cfg.dtype))

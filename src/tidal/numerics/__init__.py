@@ -5,22 +5,44 @@ and itself, never the model."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from tidal.numerics.metrics import mismatch_metrics, routing_flip_metrics
 
 MODES = ("fast", "deterministic")
+OPS_BACKENDS = ("auto", "gpu")
+"""``TIDAL_OPS``: "auto" (unset): the GPU op sets (tidal.kernels) on CUDA tensors, the CPU op sets
+elsewhere; "gpu": the GPU op sets on any device -- on CPU tensors they need Triton's interpreter
+(``TRITON_INTERPRET=1``): tests and the CPU rehearsal of scripts/gpu_numerics.sh run the Triton
+path that way."""
+
+
+def ops_backend(device: torch.device | str) -> str:
+    """"gpu" or "cpu": which op sets serve tensors on ``device`` (``TIDAL_OPS``, read only here;
+    set it before the first fused forward, whose op set is cached with its weights)."""
+    choice = os.environ.get("TIDAL_OPS", "auto") or "auto"
+    if choice not in OPS_BACKENDS:
+        raise ValueError(f"TIDAL_OPS={choice!r}; choose one of {OPS_BACKENDS}")
+    return "gpu" if choice == "gpu" or torch.device(device).type == "cuda" else "cpu"
 
 
 def make_ops(mode: str, dtype: torch.dtype, shapes, device: torch.device | str = "cpu"):
     """The op set for ``mode`` computing in ``dtype`` on ``device``; ``shapes`` (probe.ProbeShapes)
-    are the model's sizes, at which the deterministic paths are probed (cached per process)."""
+    are the model's sizes, at which the CPU deterministic paths are probed (cached per process).
+    On the GPU (``ops_backend``): kernels/triton_ops.py's TritonOps (deterministic) or
+    kernels/fast_ops.py's FastGpuOps (fast)."""
     if mode not in MODES:
         raise ValueError(f"unknown numerics mode {mode!r}; choose one of {MODES}")
-    if torch.device(device).type == "cuda":
+    if ops_backend(device) == "gpu":
+        if mode == "fast":
+            from tidal.kernels.fast_ops import FastGpuOps
+
+            return FastGpuOps()
         from tidal.kernels.triton_ops import TritonOps
 
-        return TritonOps(mode)
+        return TritonOps()
     if mode == "fast":
         from tidal.numerics.fast import FastOps
 
@@ -31,4 +53,4 @@ def make_ops(mode: str, dtype: torch.dtype, shapes, device: torch.device | str =
     return DeterministicOps(choose_paths(dtype, shapes))
 
 
-__all__ = ["MODES", "make_ops", "mismatch_metrics", "routing_flip_metrics"]
+__all__ = ["MODES", "OPS_BACKENDS", "make_ops", "ops_backend", "mismatch_metrics", "routing_flip_metrics"]

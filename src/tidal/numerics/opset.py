@@ -8,7 +8,11 @@ and the GPU is only which kernels run each step:
     DeterministicOps    the probed invariant path   fixed key blocks, fixed     numerics/deterministic.py
                         (DeterministicLinear)       order (ops.attention)
     TritonOps           batch-invariant Triton      Triton kernel over the      kernels/triton_ops.py
-                        GEMMs                       cache
+                        GEMMs                       cache (a scratch one
+                                                    for the trainer)
+    FastGpuOps          cuBLAS                      SDPA on the cache           kernels/fast_ops.py
+
+On CUDA tensors (or with TIDAL_OPS=gpu: numerics.ops_backend) make_ops gives the last two.
 
 An op set provides:
 
