@@ -44,6 +44,13 @@ class Section(BaseModel):
                 self.__dict__[name] = resolved  # not setattr: that would validate again
         return self
 
+    def __eq__(self, other) -> bool:
+        """Equal when every field holds the same value: a dtype that came from "auto" equals the
+        same dtype named explicitly (both compute the same; only a recipe written back differs)."""
+        if not isinstance(other, BaseModel):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
     @classmethod
     def auto_dtype_fields(cls) -> tuple[str, ...]:
         """This section's fields that accept "auto"."""
