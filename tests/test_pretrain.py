@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -103,7 +104,7 @@ def test_short_pretrain_on_repeated_text_lowers_the_loss(tmp_path):
     assert path == tmp_path / "out" / "model"
     lines = [json.loads(x) for x in (tmp_path / "out" / "pretrain_metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [5, 10, 15, 20, 25, 30]
-    assert set(lines[0]) == {"step", "loss", "lr", "tokens_per_s", "elapsed_s"}
+    assert set(lines[0]) == {"step", "loss", "lr", "tokens_per_s", "elapsed_s", "threads"}
     assert lines[0]["loss"] > 4.0  # ~ln(260) = 5.56 at init
     assert lines[-1]["loss"] < lines[0]["loss"] - 1.5
     model = from_pretrained(path)
@@ -117,6 +118,42 @@ def test_time_budget_stops_the_run(tmp_path):
     last = json.loads((tmp_path / "out" / "pretrain_metrics.jsonl").read_text().splitlines()[-1])
     assert last["step"] < 10_000 and 0.5 <= last["elapsed_s"] < 5
     assert last["lr"] < 0.25 * cfg.pretrain.lr  # annealed against the clock
+
+
+def test_thread_tuner_keeps_the_faster_count_and_probes_again():
+    from tidal.pretrain.loop import ThreadTuner
+
+    before = torch.get_num_threads()
+    cost = {2: 1.0, 1: 3.0}  # seconds per token at each thread count
+    tuner = ThreadTuner([2, 1], probe=3, hold=4, max_hold=8)
+    used = []
+    try:
+        for step in range(40):
+            if step == 20:
+                cost = {2: 5.0, 1: 3.0}  # other work arrives: one thread is now faster
+            tuner.before_step()
+            used.append(torch.get_num_threads())
+            tuner.after_step(cost[used[-1]])
+    finally:
+        torch.set_num_threads(before)
+    assert used[:6] == [2, 1, 2, 1, 2, 1]  # the probe interleaves the choices
+    assert used[6:10] == [2, 2, 2, 2]  # then holds the faster one
+    assert used[34:38] == [1, 1, 1, 1]  # a later probe (steps 28-33) noticed the change
+
+
+def test_pretrain_in_a_child_process_with_its_own_environment(tmp_path, monkeypatch):
+    from tidal.pretrain.loop import pretrain_in_child
+
+    monkeypatch.setenv("TIDAL_TEST_PARENT_ONLY", "1")
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
+    cfg = tiny_cfg(tmp_path, corpus=[str(corpus)], max_steps=2, warmup_steps=0)
+    path = pretrain_in_child(cfg, tmp_path / "out", {"TIDAL_TEST_PARENT_ONLY": None}, progress=False)
+    assert path == tmp_path / "out" / "model" and from_pretrained(path).config.hidden_size == 32
+    assert os.environ["TIDAL_TEST_PARENT_ONLY"] == "1"  # restored here
+    with pytest.raises(CorpusError):  # the child's errors are raised in the parent
+        bad = tiny_cfg(tmp_path, corpus=[str(tmp_path / "missing.jsonl")], max_steps=1)
+        pretrain_in_child(bad, tmp_path / "out2", {}, progress=False)
 
 
 def test_thread_count_is_restored():

@@ -11,14 +11,39 @@ import argparse
 import os
 import sys
 
-# Before torch loads: idle OpenMP threads must not spin on a small machine shared with sandboxes.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 from tidal.cli import bench, doctor, run, sandbox, sync  # noqa: E402
 from tidal.errors import UserError  # noqa: E402
 
 COMMAND_GROUPS = (run, bench, sandbox, sync, doctor)
 """Modules that each contribute subcommands through ``add_parsers(subparsers)``."""
+
+ALONE_ON_THE_MACHINE = {"pretrain"}
+"""Commands whose torch threads have the cores to themselves (no rollout workers, no sandboxes):
+their idle OpenMP threads may spin (OpenMP's default), see ``set_openmp_wait_policy``."""
+
+
+def set_openmp_wait_policy(command: str) -> bool:
+    """Before torch loads (OpenMP reads its wait policy once per process): PASSIVE for commands
+    that share the cores with rollout workers and sandboxes, so idle OpenMP threads sleep instead
+    of spinning on a core someone else needs; OpenMP's default (spin a while, then sleep) for
+    commands alone on the machine. A policy the user set is kept. Returns whether PASSIVE is
+    tidal's default here (``tidal train`` then mid-trains in a child process without it).
+
+    Why: on 2 Intel cores (a VM) waking a sleeping OpenMP thread costs so much per parallel
+    region that a PASSIVE mid-training step with 2 threads took 370-650 ms against 330 ms with
+    OpenMP's default (1 thread: ~610 ms), while on cores shared with other busy processes the
+    spinning policy made 2-thread steps several times slower (hence pretrain.num_threads = 0
+    measures both 1 thread and all of them, and keeps the faster)."""
+    if "OMP_WAIT_POLICY" in os.environ:
+        return False
+    if command in ALONE_ON_THE_MACHINE:
+        return False
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    return True
+
+
+PASSIVE_BY_DEFAULT = False
+"""Set by ``main``: whether this process runs with tidal's default OMP_WAIT_POLICY=PASSIVE."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,6 +77,8 @@ def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 def main(argv: list[str] | None = None) -> int:
     known, rest = split_overrides(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(known)
+    global PASSIVE_BY_DEFAULT
+    PASSIVE_BY_DEFAULT = set_openmp_wait_policy(args.command)
     try:
         return args.fn(args, rest)
     except UserError as e:

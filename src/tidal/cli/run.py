@@ -49,10 +49,19 @@ def cmd_train(args, rest) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(_config_toml(cfg, TRAIN_DTYPES, recipe=False))
     t0 = time.perf_counter()
-    init = cfg.model.init_from or cached_pretrained(cfg)
+    init = cfg.model.init_from or cached_pretrained(cfg, child_env=_pretrain_child_env())
     info = {"init_checkpoint": str(init), "pretrain_s": time.perf_counter() - t0}
     (run_dir / "run_info.json").write_text(json.dumps(info))
     return _rl(cfg, run_dir, info, resume=False, t0=t0)
+
+
+def _pretrain_child_env() -> dict | None:
+    """Mid-training has the cores to itself (Ray and the sandboxes start after it), so when this
+    process runs with tidal's default OMP_WAIT_POLICY=PASSIVE (right for the RL phase) it
+    mid-trains in a child process without it (see tidal.cli.set_openmp_wait_policy)."""
+    import tidal.cli
+
+    return {"OMP_WAIT_POLICY": None} if tidal.cli.PASSIVE_BY_DEFAULT else None
 
 
 def _resume(args, rest) -> int:

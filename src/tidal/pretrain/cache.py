@@ -19,7 +19,7 @@ from pathlib import Path
 
 import tidal
 from tidal.model.checkpoint import COMPLETE_MARKER
-from tidal.pretrain.loop import MODEL_DIR, pretrain
+from tidal.pretrain.loop import MODEL_DIR, pretrain, pretrain_in_child
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +32,10 @@ def cache_key(cfg) -> str:
     return hashlib.sha256(json.dumps(_hashed(cfg), sort_keys=True).encode()).hexdigest()[:12]
 
 
-def cached_pretrained(cfg, progress: bool = True) -> Path:
-    """The pretrained model folder for ``cfg``: reused if cached, else pretrained now and cached."""
+def cached_pretrained(cfg, progress: bool = True, child_env: dict | None = None) -> Path:
+    """The pretrained model folder for ``cfg``: reused if cached, else pretrained now and cached.
+    ``child_env``: pretrain in a spawned child process whose environment has these changes (a
+    value None removes the variable; see loop.pretrain_in_child); None = in this process."""
     root = Path(cfg.pretrain.cache_dir) / cache_key(cfg)
     model_dir = root / MODEL_DIR
     if (model_dir / COMPLETE_MARKER).is_file():
@@ -42,7 +44,10 @@ def cached_pretrained(cfg, progress: bool = True) -> Path:
     log.info("no pretrained model cached for this config; pretraining into %s", root)
     staging = root.parent / f".{root.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
-        pretrain(cfg, staging, progress=progress)
+        if child_env is None:
+            pretrain(cfg, staging, progress=progress)
+        else:
+            pretrain_in_child(cfg, staging, child_env, progress=progress)
         (staging / "tidal_config.json").write_text(json.dumps(_hashed(cfg), indent=2, sort_keys=True) + "\n")
         _publish(staging, root)
     finally:

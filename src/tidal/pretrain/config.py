@@ -37,9 +37,11 @@ class PretrainConfig(Section):
     halves step time, else float32: on a CPU that emulates bf16 (an Intel Xeon without
     avx512_bf16/AMX) a bf16 matmul is ~4x slower than fp32."""
     num_threads: int = Field(0, ge=0)
-    """CPU threads for pretraining (torch.set_num_threads) while it runs; 0 = torch's default
-    (one per core). On a machine whose cores other processes also use, 1 is faster: OpenMP
-    threads spin-waiting for a busy core can make each step several times slower."""
+    """CPU threads for pretraining (torch.set_num_threads) while it runs; 0 = measured: torch's
+    default (one per core) or 1, whichever runs steps faster, re-checked now and then
+    (loop.ThreadTuner). On a machine whose cores other processes also use, 1 is faster: an
+    OpenMP parallel region waiting for a thread whose core is busy can make each step several
+    times slower; on free cores all of them are (~1.9x one thread on 2 cores)."""
     grad_clip: float = Field(1.0, gt=0)
     """Clip the global gradient norm to this value."""
     log_every: int = Field(10, ge=1)

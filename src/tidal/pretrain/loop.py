@@ -17,9 +17,13 @@ its time budget still anneals and ends at the low learning rate instead of stopp
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import math
+import multiprocessing
+import os
+import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,6 +51,37 @@ def pretrain(cfg, out_dir: str | Path, docs: list[str] | None = None, progress: 
         return _pretrain(cfg, Path(out_dir), docs, progress, rows)
 
 
+def pretrain_in_child(cfg, out_dir: str | Path, env: dict[str, str | None],
+                      progress: bool = True) -> Path:
+    """``pretrain(cfg, out_dir)`` in a fresh (spawned) Python process whose environment is this
+    one's with ``env``'s changes (None removes a variable): settings read once when a library
+    loads, such as OpenMP's OMP_WAIT_POLICY, then differ from this process's. Its errors are
+    raised here."""
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        with _environ(env):  # the child copies the environment when it starts, at submit
+            future = pool.submit(pretrain, cfg, out_dir, progress=progress)
+        return future.result()
+
+
+@contextlib.contextmanager
+def _environ(changes: dict[str, str | None]):
+    before = {k: os.environ.get(k) for k in changes}
+    try:
+        for k, v in changes.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool, rows=None) -> Path:
     pc: PretrainConfig = cfg.pretrain
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -61,13 +96,19 @@ def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool, rows=N
     tokens = 0  # predicted positions run so far (rows x (width - 1))
     log = MetricsLog(out_dir / METRICS_FILE)
     bar = progress_bar(pc.max_steps, "pretrain", progress)
+    tuner = ThreadTuner([torch.get_num_threads(), 1]) if pc.num_threads == 0 else None
     start = time.perf_counter()
     step, elapsed = 0, 0.0
     while step < pc.max_steps and elapsed < pc.time_budget_s:
         lr = lr_at(pc, step, elapsed)
         index = next(batches)
         batch_ids, batch_mask = trim_batch(ids[index], mask[index])
+        if tuner:
+            tuner.before_step()
+        t = time.perf_counter()
         loss = train_step(model, optimizer, batch_ids, lr, pc.grad_clip, pc.dtype, batch_mask)
+        if tuner:
+            tuner.after_step((time.perf_counter() - t) / batch_ids.numel())
         tokens += batch_ids.shape[0] * (batch_ids.shape[1] - 1)
         step += 1
         elapsed = time.perf_counter() - start
@@ -76,7 +117,8 @@ def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool, rows=N
         bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
         done = step >= pc.max_steps or elapsed >= pc.time_budget_s
         if step % pc.log_every == 0 or done:
-            log.write(step=step, loss=loss, lr=lr, tokens_per_s=tok_s, elapsed_s=elapsed)
+            log.write(step=step, loss=loss, lr=lr, tokens_per_s=tok_s, elapsed_s=elapsed,
+                      threads=torch.get_num_threads())
     bar.close()
     model.to(getattr(torch, cfg.model.dtype))
     save_pretrained(model, out_dir / MODEL_DIR, tokenizer=tokenizer)
@@ -94,6 +136,51 @@ def trim_batch(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, tor
     width = int(trained[-1]) + 1 if len(trained) else ids.shape[1]
     return ids[:, :width], mask[:, :width]
 
+
+
+class ThreadTuner:
+    """Runs each step at the thread count measured fastest among ``choices`` (pretrain.num_threads
+    = 0): a probe times ``probe`` steps at each choice, interleaved (A B A B ..., so a machine
+    whose speed drifts during the probe biases none), compares median seconds per token, and
+    keeps the winner for ``hold`` steps, doubling that each time the same choice wins again
+    (other work may come to the machine or leave it; a stable machine is probed ever less).
+
+    Why: with all cores a step is fastest on a machine otherwise idle (2 cores: ~1.9x one
+    thread), but several times slower than one thread while other processes keep a core busy
+    (an OpenMP parallel region waits for its slowest thread); which one holds is known only by
+    measuring."""
+
+    def __init__(self, choices: list[int], probe: int = 3, hold: int = 100, max_hold: int = 800):
+        self.choices = list(dict.fromkeys(choices))
+        self.probe, self.hold, self.max_hold, self._first_hold = probe, hold, max_hold, hold
+        self.best = self.choices[0]
+        self._plan: list[int] = []  # thread counts of the probe's remaining steps
+        self._times: dict[int, list[float]] = {}
+        self._held = 0
+        self._current = self.best
+        self._start_probe()
+
+    def _start_probe(self) -> None:
+        self._plan = [c for _ in range(self.probe) for c in self.choices] if len(self.choices) > 1 else []
+        self._times = {c: [] for c in self.choices}
+
+    def before_step(self) -> None:
+        self._current = self._plan[0] if self._plan else self.best
+        if torch.get_num_threads() != self._current:
+            torch.set_num_threads(self._current)
+
+    def after_step(self, seconds_per_token: float) -> None:
+        if not self._plan:
+            self._held += 1
+            if self._held >= self.hold:
+                self._held = 0
+                self._start_probe()
+            return
+        self._times[self._plan.pop(0)].append(seconds_per_token)
+        if not self._plan:
+            winner = min(self.choices, key=lambda c: statistics.median(self._times[c]))
+            self.hold = min(2 * self.hold, self.max_hold) if winner == self.best else self._first_hold
+            self.best = winner
 
 
 @contextlib.contextmanager

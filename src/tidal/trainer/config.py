@@ -66,8 +66,12 @@ class TrainerConfig(Section):
     """Weight of a k3 KL penalty to the behaviour policy (0 = off)."""
     loss_agg: Literal["token_mean", "seq_mean"] = "token_mean"
     """token_mean: average over all generated tokens in the batch; seq_mean: per sequence first."""
-    micro_batch_size: int = Field(64, ge=1)
-    """Sequences per forward/backward pass (gradient accumulation over the batch)."""
+    micro_batch_size: int = Field(16, ge=1)
+    """Sequences per forward/backward pass (gradient accumulation over the batch); the batch's
+    rows are taken longest first, so each micro-batch pads to about its own length. Measured on
+    2 Intel cores (the default recipe's 64 rows of ~140 tokens, deterministic numerics): 16 rows
+    per pass took 0.55x the time of one 64-row pass (the attention's [rows, T, keys] tensors stay
+    in cache, and short rows stop padding to the longest); 8 rows, the same as 16."""
     normalize_adv_std: bool = True
     """GRPO: divide group-centred rewards by the group's standard deviation."""
     dtype: DtypeName = "auto"

@@ -90,6 +90,10 @@ class TrainBatch:
             name: None if t is None else t.to(device) for name, t in vars(self).items()
         })
 
+    def select(self, index: torch.Tensor) -> "TrainBatch":
+        """The rows at ``index`` [n] long, in that order, at the batch's full width."""
+        return TrainBatch(**{name: None if t is None else t[index] for name, t in vars(self).items()})
+
     def rows(self, start: int, stop: int) -> "TrainBatch":
         """Rows [start, stop), trimmed to their own longest row (less padding per micro-batch)."""
         cut = slice(start, stop)
