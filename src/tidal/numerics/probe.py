@@ -153,9 +153,12 @@ class NumericsPaths:
 
 
 def probe_threads() -> tuple[int, ...]:
-    """Thread counts the check runs at: 1, 2 and this process's (within the CPUs there are)."""
+    """Thread counts the check runs at: 1, 2 and all the CPUs (up to 16), the same in every
+    process of a machine so that they choose the same paths, plus this process's own count if it
+    is another (a process at an unusual count may then choose differently: the engine-vs-trainer
+    mismatch metrics would show it)."""
     cpus = os.cpu_count() or 1
-    return tuple(sorted({1, min(2, cpus), torch.get_num_threads()}))
+    return tuple(sorted({1, min(2, cpus), min(cpus, 16), torch.get_num_threads()}))
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
