@@ -49,6 +49,9 @@ def test_train_writes_metrics_summary_plot(tmp_path, tiny_ckpt, capsys):
     assert out.splitlines()[0].startswith(f"dtype: model auto -> {resolved}, trainer auto -> ")
     saved = load_config(run / "config.toml")  # the run's record: resolved, so a resume keeps them
     assert saved.model.requested_dtype("dtype") == resolved and "cpu" in summary
+    numerics = summary["numerics"]  # the probed deterministic paths, printed and recorded
+    assert numerics["mode"] == "deterministic" and numerics["dtype"] == resolved
+    assert f"numerics: deterministic {resolved}: linear={numerics['linear']} " in out
 
 
 def test_eval_command(tiny_ckpt, capsys):

@@ -76,11 +76,24 @@ def _resume(args, rest) -> int:
     return _rl(cfg, run_dir, info, resume=True, t0=time.perf_counter())
 
 
+def numerics_line(cfg) -> str:
+    """``numerics: deterministic float32: linear=onednn attention=unpadded ...``: the paths the
+    engine and the trainer run on this machine (tidal doctor lists every candidate)."""
+    from tidal.orchestrator.loop import numerics_record
+
+    record = numerics_record(cfg)
+    if record["mode"] != "deterministic":
+        return f"numerics: {record['mode']}"
+    ops = " ".join(f"{k}={v}" for k, v in record.items() if k not in ("mode", "dtype"))
+    return f"numerics: deterministic {record['dtype']}: {ops}"
+
+
 def _rl(cfg, run_dir: Path, info: dict, resume: bool, t0: float) -> int:
     from tidal.orchestrator.loop import run_rl, write_summary
     from tidal.orchestrator.report import print_summary
     from tidal.telemetry.plots import plot_run
 
+    print(numerics_line(cfg), flush=True)
     summary = run_rl(cfg, run_dir, info["init_checkpoint"], resume=resume)
     summary["pretrain_s"] = info["pretrain_s"]
     summary["wall_s"] = None if resume else time.perf_counter() - t0  # t0: before mid-training

@@ -377,7 +377,21 @@ class Run:
             "init_checkpoint": self.init_checkpoint,
             "dtypes": self.cfg.dtype_choices(),
             "cpu": cpu_facts().record(),
+            "numerics": numerics_record(self.cfg),
         }
+
+
+def numerics_record(cfg) -> dict:
+    """engine.numerics and, in deterministic mode, the path of each op the start-up probe chose on
+    this machine (tidal.numerics.probe), as the engine and the trainer run them."""
+    if cfg.engine.numerics != "deterministic":
+        return {"mode": cfg.engine.numerics}
+    from tidal.numerics.probe import ProbeShapes, choose_paths
+
+    paths = choose_paths(getattr(torch, cfg.model.dtype), ProbeShapes.of_model(cfg.model))
+    return {"mode": "deterministic", "dtype": cfg.model.dtype, "linear": paths.linear,
+            "attention": paths.attention, "silu": paths.silu, "rms_norm": paths.rms_norm,
+            "moe_stacked": paths.moe_stacked}
 
 
 def _tensorboard(run_dir: Path):
