@@ -438,3 +438,24 @@ def test_checkpoint_errors_name_what_to_fix(ckpt, case):
     damage(ckpt)
     with pytest.raises(CheckpointError, match=message):
         from_pretrained(ckpt)
+
+
+def test_packed_linear_takes_onednn_from_the_calibrated_row_count(monkeypatch):
+    """The fast op set's MKL/oneDNN switch is measured per machine and shape; PackedLinear
+    honours it (here forced to 16 rows) and both sides agree with F.linear to float rounding."""
+    from tidal.numerics import fast
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch build has no oneDNN")
+    assert fast.onednn_from_rows(256, 128) in (None, *fast.CALIBRATION_ROWS)
+    monkeypatch.setattr(fast, "onednn_from_rows", lambda out_dim, in_dim: 16)
+    w = torch.randn(256, 128)
+    layer = fast.PackedLinear(w)
+    calls = []
+    real = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda *a: calls.append(1) or real(*a))
+    for rows, onednn in ((15, False), (16, True), (40, True)):
+        calls.clear()
+        x = torch.randn(rows, 128)
+        torch.testing.assert_close(layer(x), F.linear(x, w), atol=1e-4, rtol=1e-5)
+        assert bool(calls) == onednn, rows

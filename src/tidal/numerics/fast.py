@@ -11,6 +11,9 @@ agree with the module forward to ~1e-6 (tests hold them to 1e-5), not bit for bi
 
 from __future__ import annotations
 
+import functools
+import time
+
 import torch
 import torch.nn.functional as F
 
@@ -18,8 +21,11 @@ from tidal.numerics.moe import sparse_moe
 from tidal.numerics.ops import onednn_usable, pack_for_onednn
 from tidal.numerics.opset import CpuOps
 
-ONEDNN_MIN_MACS = 1 << 19
-"""Multiply-adds per call (rows x out x in) from which PackedLinear takes oneDNN."""
+CALIBRATION_ROWS = (1, 4, 16, 64, 256)
+"""Row counts at which PackedLinear times MKL against oneDNN for a matrix shape (once per
+process and shape): oneDNN runs from the first of them where it is clearly faster."""
+ONEDNN_MARGIN = 0.9
+"""oneDNN must take at most this fraction of MKL's time to be chosen (timings are noisy)."""
 MATMUL_ATTENTION_MIN_ROWS = 4
 """Decode batches from this size attend with two batched matmuls, smaller ones with SDPA.
 Measured (1 thread, kv_len 17-80, tiny's 6 q / 2 kv heads, us per call; SDPA with each kv
@@ -34,23 +40,56 @@ class PackedLinear:
     path and runs the multi-row matmuls of a batched decode step at ~55-75 GFLOP/s; oneDNN with
     the weight reordered once into its blocked layout runs them ~1.5-2x faster (1 thread, us per
     call, MKL / oneDNN: 16x1024x192 75/40, 64x1024x192 250/113, 16x192x512 36/23, 1x1024x192
-    12/19). oneDNN costs ~11 us per call whatever the size, so small calls (batch-1 decode) stay
-    on MKL: the switch is at ``ONEDNN_MIN_MACS``. Both sum in their own orders: outputs agree to
-    float rounding, not bit for bit. oneDNN is used only for CPU fp32 tensors with mkldnn built
-    in; elsewhere this is plain ``F.linear``. The packed copy doubles the matrix's memory."""
+    12/19). oneDNN costs ~11 us per call whatever the size (~15 us on an Intel Xeon, where MKL's
+    small-matrix path is also much better: 320x192 at 16 rows 23 us on MKL against 33 us), so
+    where the switch pays is a fact of the machine: ``onednn_from_rows`` measures it once per
+    process and matrix shape. Both sum in their own orders: outputs agree to float rounding, not
+    bit for bit (this is the fast op set). oneDNN is used only for CPU fp32 tensors with mkldnn
+    built in; elsewhere this is plain ``F.linear``. The packed copy doubles the matrix's memory."""
 
-    __slots__ = ("weight", "packed", "_macs_per_row")
+    __slots__ = ("weight", "packed", "min_rows")
 
     def __init__(self, weight: torch.Tensor):
         self.weight = weight
-        self._macs_per_row = weight.numel()
         self.packed = pack_for_onednn(weight) if onednn_usable(weight) else None
+        self.min_rows = None if self.packed is None else onednn_from_rows(*weight.shape)
+        """Rows per call from which oneDNN runs (None: MKL always)."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1]
-        if self.packed is not None and rows * self._macs_per_row >= ONEDNN_MIN_MACS:
+        if self.min_rows is not None and x.numel() // x.shape[-1] >= self.min_rows:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         return F.linear(x, self.weight)
+
+
+@functools.lru_cache(maxsize=None)
+def onednn_from_rows(out_dim: int, in_dim: int) -> int | None:
+    """The first of CALIBRATION_ROWS at which oneDNN's packed fp32 linear of an [out, in] matrix
+    beats MKL by ONEDNN_MARGIN on this machine at this thread count, or None. ~10-40 ms per
+    shape, once per process (the fast op set has no bitwise promise, so a choice by timing is
+    fine here; the deterministic op set never chooses by timing)."""
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(out_dim, in_dim, generator=g)
+    packed = pack_for_onednn(weight)
+
+    def best_us(fn, x) -> float:
+        fn(x)
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(3):
+                fn(x)
+            times.append(time.perf_counter() - start)
+        return min(times) / 3 * 1e6
+
+    def onednn(v):
+        return torch.ops.mkldnn._linear_pointwise(v, packed, None, "none", [], "")
+
+    with torch.no_grad():
+        for rows in CALIBRATION_ROWS:
+            x = torch.randn(rows, in_dim, generator=g)
+            if best_us(onednn, x) <= ONEDNN_MARGIN * best_us(lambda v: F.linear(v, weight), x):
+                return rows
+    return None
 
 
 class FastOps(CpuOps):
