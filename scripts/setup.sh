@@ -4,6 +4,9 @@
 # theirs: the venv then sees the system's packages), then tidal itself with its test extras.
 # With --test, as root with apt-get (Debian/Ubuntu, CI), it also installs chromium and
 # chromium-driver, which tests/test_report.py drives to check the HTML report in a real browser.
+# pip runs with --no-compile: byte-compiling every module of torch, ray and transformers at
+# install took most of set-up (torch alone: 22 s with it, 7.6 s without); Python compiles the
+# modules a run imports on first use instead.
 # With --bench, as root with apt-get, it installs rsync (the peer of `tidal bench sync`) and
 # iproute2 (network namespaces and tc for its emulated wide-area link).
 set -euo pipefail
@@ -23,9 +26,9 @@ fi
 VPY=.venv/bin/python
 if ! "$VPY" -c "import torch" 2>/dev/null; then
   echo "setup: installing the CPU build of torch 2.13.0" >&2
-  "$VPY" -m pip install -q --disable-pip-version-check torch==2.13.0
+  "$VPY" -m pip install -q --no-compile --disable-pip-version-check torch==2.13.0
 fi
-"$VPY" -m pip install -q --disable-pip-version-check -e ".[test]"
+"$VPY" -m pip install -q --no-compile --disable-pip-version-check -e ".[test]"
 if [ "$WITH_TEST_TOOLS" = 1 ] && { ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; }; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing chromium and chromium-driver (for tests/test_report.py)" >&2
