@@ -24,8 +24,8 @@ class PretrainConfig(Section):
     """Optimizer steps (the run stops at whichever of max_steps / time_budget_s comes first).
     The default recipe stops on steps, so a machine shared with other work gets the same model,
     only later: 1200 steps take ~300 s on 2 free cores of an AMD EPYC in bf16 and 437 s on an
-    Intel Xeon without native bf16 in fp32 (a fresh clone of the default recipe: held-out
-    pass@1 0.307 before RL); a time budget of 300 s gave a loaded machine 808 steps and a model
+    Intel Xeon without native bf16 in fp32 (two fresh clones of the default recipe: held-out
+    pass@1 0.307 and 0.039 before RL: mid-training is not yet reproducible run to run); a time budget of 300 s gave a loaded machine 808 steps and a model
     with held-out pass@1 0.04 instead of ~0.38."""
     time_budget_s: float = Field(900.0, gt=0)
     """Wall-clock budget of the training steps, seconds: a safety net (building the corpus and
