@@ -5,8 +5,8 @@
 # With --test, as root with apt-get (Debian/Ubuntu, CI), it also installs chromium and
 # chromium-driver, which tests/test_report.py drives to check the HTML report in a real browser.
 # pip runs with --no-compile: byte-compiling every module of torch, ray and transformers at
-# install took most of set-up (torch alone: 22 s with it, 7.6 s without); Python compiles the
-# modules a run imports on first use instead.
+# install took a third of set-up (a fresh clone: 77 s with it, 52 s without; torch alone 22 s
+# and 7.6 s); Python compiles the modules a run imports on first use instead (~4 s once).
 # With --bench, as root with apt-get, it installs rsync (the peer of `tidal bench sync`) and
 # iproute2 (network namespaces and tc for its emulated wide-area link).
 set -euo pipefail
