@@ -219,29 +219,26 @@ def _inputs(rows: int, width: int, dtype: torch.dtype, seed: int, scale: float =
 def _probe_linear(dtype: torch.dtype, shapes: ProbeShapes, threads) -> ProbeResult:
     from tidal.numerics.ops import LINEAR_PATHS, DeterministicLinear
 
-    result = ProbeResult("linear", _name(dtype), None, threads=threads)
-    for path in LINEAR_PATHS[dtype]:
-        failure = ""
+    largest = max(shapes.matrices, key=lambda m: m[0] * m[1])
+
+    def check(path: str) -> tuple[str, float | None]:
         us = None
         for out_dim, in_dim in shapes.matrices:
             weight = _inputs(out_dim, in_dim, dtype, seed=out_dim * 7 + in_dim)
             try:
                 linear = DeterministicLinear(weight, path)
             except ValueError as exc:  # the path needs what this build lacks (oneDNN)
-                failure = str(exc)
-                break
+                return str(exc), None
             x = _inputs(PROBE_BATCH, in_dim, dtype, seed=in_dim)
             failure = rows_invariant(linear, x, threads)
             if failure:
-                failure = f"[{out_dim}x{in_dim}] {failure}"
-                break
-            if (out_dim, in_dim) == max(shapes.matrices, key=lambda s: s[0] * s[1]):
+                return f"[{out_dim}x{in_dim}] {failure}", None
+            if (out_dim, in_dim) == largest:
                 us = _time_us(linear, x[:16])
-        result.candidates.append(CandidateResult(path, not failure, us, failure))
-        if not failure:
-            result.path = path
-            break
-    return result
+        return "", us
+
+    return _first_that_holds(ProbeResult("linear", _name(dtype), None, threads=threads),
+                             LINEAR_PATHS[dtype], check)
 
 
 def _probe_attention(dtype: torch.dtype, shapes: ProbeShapes, threads) -> ProbeResult:
@@ -270,33 +267,38 @@ def _probe_attention(dtype: torch.dtype, shapes: ProbeShapes, threads) -> ProbeR
         return ""
 
     bias = attention_bias(torch.full((b, 1), 40), length)
-    for path in ATTENTION_PATHS[dtype]:
-        failure = failure_of(path)
-        us = _time_us(lambda x: attention(x, k[:, :, :length], v[:, :, :length], bias, path),
-                      q[:, :1])
-        result.candidates.append(CandidateResult(path, not failure, us, failure))
-        if not failure:
-            result.path = path
-            break
-    return result
+
+    def check(path: str) -> tuple[str, float | None]:
+        return failure_of(path), _time_us(
+            lambda x: attention(x, k[:, :, :length], v[:, :, :length], bias, path), q[:, :1])
+
+    return _first_that_holds(result, ATTENTION_PATHS[dtype], check)
 
 
 def _probe_rowwise(op: str, dtype: torch.dtype, widths: tuple[int, ...], threads) -> ProbeResult:
     from tidal.numerics.ops import ROWWISE_PATHS, rowwise_op
 
-    result = ProbeResult(op, _name(dtype), None, threads=threads)
-    for path in ROWWISE_PATHS[op]:
+    def check(path: str) -> tuple[str, float | None]:
         fn = rowwise_op(op, path)
-        failure = ""
         us = None
         for width in widths:
             # silu runs on the gate half of a [rows, 2 * width] matrix: a strided view
             x = _inputs(PROBE_BATCH, 2 * width, dtype, seed=width, scale=3.0)[:, :width]
             failure = rows_invariant(fn, x, threads)
             if failure:
-                failure = f"[width {width}] {failure}"
-                break
+                return f"[width {width}] {failure}", None
             us = _time_us(fn, x[:16])
+        return "", us
+
+    return _first_that_holds(ProbeResult(op, _name(dtype), None, threads=threads),
+                             ROWWISE_PATHS[op], check)
+
+
+def _first_that_holds(result: ProbeResult, paths, check) -> ProbeResult:
+    """Try ``paths`` in order with ``check(path) -> (failure, us per call)``, recording each,
+    until one holds (its path is the result's)."""
+    for path in paths:
+        failure, us = check(path)
         result.candidates.append(CandidateResult(path, not failure, us, failure))
         if not failure:
             result.path = path

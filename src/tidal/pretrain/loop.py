@@ -68,18 +68,19 @@ def pretrain_in_child(cfg, out_dir: str | Path, env: dict[str, str | None],
 def _environ(changes: dict[str, str | None]):
     before = {k: os.environ.get(k) for k in changes}
     try:
-        for k, v in changes.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _set_environ(changes)
         yield
     finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _set_environ(before)
+
+
+def _set_environ(values: dict[str, str | None]) -> None:
+    """Set each variable (None: remove it)."""
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool, rows=None) -> Path:
