@@ -128,8 +128,8 @@ def test_ppo_loss_equals_minus_advantage_on_policy():
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     loss, st = ppo_clip_loss(lp, lp, torch.tensor([2.0]), mask, 0.2, 0.28, "token_mean")
     assert loss.item() == pytest.approx(-2.0)
-    assert st["clip_frac"] == 0.0 and st["kl"] == pytest.approx(0.0)
-    assert st["ratio_mean"] == pytest.approx(1.0) and st["tokens"] == 2
+    assert st.clip_frac == 0.0 and st.kl == pytest.approx(0.0)
+    assert st.ratio_mean == pytest.approx(1.0) and st.tokens == 2
 
 
 def test_ppo_loss_clips_by_hand():
@@ -140,12 +140,12 @@ def test_ppo_loss_clips_by_hand():
     # A = +1: per-token min(r, clip(r, 0.8, 1.28)) = 1.28, 0.5, 1.1 -> loss = -(2.88)/3
     loss, st = ppo_clip_loss(new, old, torch.tensor([1.0]), mask, 0.2, 0.28, "token_mean")
     assert loss.item() == pytest.approx(-2.88 / 3, abs=1e-6)
-    assert st["clip_frac"] == pytest.approx(1 / 3)  # only r=1.5 with A>0 is clipped
-    assert st["ratio_max"] == pytest.approx(1.5)  # the masked 2.0 does not count
+    assert st.clip_frac == pytest.approx(1 / 3)  # only r=1.5 with A>0 is clipped
+    assert st.ratio_max == pytest.approx(1.5)  # the masked 2.0 does not count
     # A = -1: per-token -min(-r, -clip(r)) = max(r, clip(r)) = 1.5, 0.8, 1.1 -> loss = 3.4/3
     loss, st = ppo_clip_loss(new, old, torch.tensor([-1.0]), mask, 0.2, 0.28, "token_mean")
     assert loss.item() == pytest.approx(3.4 / 3, abs=1e-6)
-    assert st["clip_frac"] == pytest.approx(1 / 3)  # only r=0.5 with A<0 is clipped
+    assert st.clip_frac == pytest.approx(1 / 3)  # only r=0.5 with A<0 is clipped
 
 
 def test_ppo_k3_kl_by_hand_and_penalty():
@@ -153,7 +153,7 @@ def test_ppo_k3_kl_by_hand_and_penalty():
     new = torch.log(torch.tensor([[2.0]]))
     k3 = 2.0 - 1.0 - math.log(2.0)
     loss, st = ppo_clip_loss(new, old, torch.tensor([0.0]), torch.ones(1, 1), 0.2, 0.28, "token_mean", kl_coef=0.5)
-    assert st["kl"] == pytest.approx(k3)
+    assert st.kl == pytest.approx(k3)
     assert loss.item() == pytest.approx(0.5 * k3)
 
 

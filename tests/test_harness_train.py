@@ -107,9 +107,9 @@ def test_summarized_episodes_train_every_segment_with_the_episode_advantage(mode
                       pad_id=ByteTokenizer().pad_id)
     before = [p.detach().clone() for p in model.parameters()]
     metrics = trainer.step(Batch(trajs, trainer_version=0))
-    assert metrics["tokens"] == sum(t.num_generated_tokens for t in trajs)
-    assert metrics["sequences"] == len(rows)
+    assert metrics.tokens == sum(t.num_generated_tokens for t in trajs)
+    assert metrics.sequences == len(rows)
     # The trainer's logprobs of every trained token, env tokens interleaved, match the sampler's.
-    assert abs(metrics["ratio_mean"] - 1) < 1e-3 and metrics["kl"] < 1e-4
+    assert abs(metrics.ratio_mean - 1) < 1e-3 and metrics.kl < 1e-4
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
     assert trainer.version == 1

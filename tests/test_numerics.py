@@ -149,12 +149,12 @@ def test_engine_logprobs_equal_the_trainers_bit_for_bit(name, dtype):
     trainer = Trainer(policy, TrainerConfig(dtype=dtype, micro_batch_size=16), temperature=0.8,
                       numerics="deterministic")
     totals = trainer.accumulate_gradients(collate(_trajectories(results), pad_id=0, normalize_std=True))
-    assert totals["mismatch_tokens"] == sum(len(r.token_ids) for r in results)
-    assert totals["mismatch_bitwise_equal_fraction"] == 1.0
-    assert totals["mismatch_kl_k3"] == 0.0
+    assert totals.mismatch.tokens == sum(len(r.token_ids) for r in results)
+    assert totals.mismatch.bitwise_equal_fraction == 1.0
+    assert totals.mismatch.kl_k3 == 0.0
     if name == "tiny-moe":
-        assert totals["routing_flip_rate"] == 0.0
-        assert totals["replay_filled_positions"] == 0  # prompt experts came from the prefill
+        assert totals.routing.flip_rate == 0.0
+        assert totals.replay_filled_positions == 0  # prompt experts came from the prefill
 
 
 def test_fast_mode_is_not_bitwise_but_close():
@@ -163,8 +163,8 @@ def test_fast_mode_is_not_bitwise_but_close():
     results = _generate_rounds(model, [3, 9], numerics="fast")
     trainer = Trainer(model, TrainerConfig(), temperature=0.8, numerics="fast")
     totals = trainer.accumulate_gradients(collate(_trajectories(results), pad_id=0, normalize_std=True))
-    assert totals["mismatch_bitwise_equal_fraction"] < 1.0
-    assert totals["mismatch_max_abs_logprob_diff"] < 1e-4
+    assert totals.mismatch.bitwise_equal_fraction < 1.0
+    assert totals.mismatch.max_abs_logprob_diff < 1e-4
 
 
 def test_engine_records_prompt_experts_of_its_prefill():
@@ -189,10 +189,10 @@ def test_replay_keeps_the_engines_routing_when_the_trainers_router_would_flip():
             layer.mlp.gate.weight.add_(torch.randn_like(layer.mlp.gate.weight) * 0.01)
     tb = collate(_trajectories(results), pad_id=0, normalize_std=True)
     own = Trainer(copy.deepcopy(perturbed), TrainerConfig(router_replay="off"), temperature=0.8).accumulate_gradients(tb)
-    assert own["routing_trained_flip_rate"] > 0  # without replay the trainer trains other experts
+    assert own.routing.trained_flip_rate > 0  # without replay the trainer trains other experts
     replay = Trainer(perturbed, TrainerConfig(router_replay="required"), temperature=0.8).accumulate_gradients(tb)
-    assert replay["routing_flip_rate"] > 0  # its router still disagrees...
-    assert replay["routing_trained_flip_rate"] == 0.0  # ...but the forward ran the engine's experts
+    assert replay.routing.flip_rate > 0  # its router still disagrees...
+    assert replay.routing.trained_flip_rate == 0.0  # ...but the forward ran the engine's experts
     assert perturbed.model.layers[0].mlp.gate.weight.grad is not None  # and the router learns
 
 
@@ -206,7 +206,7 @@ def test_required_replay_refuses_a_batch_without_experts():
     with pytest.raises(MissingExpertsError, match="router_replay"):
         Trainer(model, TrainerConfig(router_replay="required"), temperature=0.8).accumulate_gradients(tb)
     totals = Trainer(model, TrainerConfig(router_replay="if_available"), temperature=0.8).accumulate_gradients(tb)
-    assert totals["mismatch_bitwise_equal_fraction"] == 1.0  # own routing is the engine's here
+    assert totals.mismatch.bitwise_equal_fraction == 1.0  # own routing is the engine's here
 
 
 def test_mismatch_counts_only_tokens_of_the_trainers_version():
@@ -216,8 +216,8 @@ def test_mismatch_counts_only_tokens_of_the_trainers_version():
     stale.versions = [5] * len(stale.versions)  # sampled by other weights than the trainer's 0
     totals = Trainer(model, TrainerConfig(), temperature=0.8).accumulate_gradients(collate(trajs, 0, True))
     expected = sum(len(t.segments[0].completion_ids) for t in trajs[1:])
-    assert totals["mismatch_tokens"] == expected
-    assert totals["mismatch_bitwise_equal_fraction"] == 1.0
+    assert totals.mismatch.tokens == expected
+    assert totals.mismatch.bitwise_equal_fraction == 1.0
 
 
 def test_deterministic_numerics_need_the_trainer_in_the_engines_dtype():
@@ -234,9 +234,9 @@ def test_step_log_reports_the_off_policy_correction_counts():
     trajs = _trajectories(_generate_rounds(model, [4]))
     cfg = TrainerConfig(off_policy={"kind": "masked_is", "mask_low": 0.99, "mask_high": 1.01})
     metrics = Trainer(model, cfg, temperature=0.8).step(Batch(trajs, trainer_version=0))
-    assert metrics["is_masked_tokens"] == 0  # bitwise on-policy: every w is exactly 1
-    assert metrics["is_weight_mean"] == 1.0
-    assert metrics["mismatch_bitwise_equal_fraction"] == 1.0
+    assert metrics.off_policy.is_masked_tokens == 0  # bitwise on-policy: every w is exactly 1
+    assert metrics.off_policy.is_weight_mean == 1.0
+    assert metrics.mismatch.bitwise_equal_fraction == 1.0
 
 
 def test_moe_stacked_route_for_few_tokens_equals_the_per_expert_route(monkeypatch):
@@ -299,7 +299,7 @@ def test_probe_takes_the_next_path_when_an_op_fails_its_check(monkeypatch):
     assert policy.fused_weights("deterministic", torch.float32).ops.paths.linear == "reduce"
     trainer = Trainer(policy, TrainerConfig(micro_batch_size=2), temperature=0.8)
     totals = trainer.accumulate_gradients(collate(_trajectories(results), pad_id=0, normalize_std=True))
-    assert totals["mismatch_bitwise_equal_fraction"] == 1.0
+    assert totals.mismatch.bitwise_equal_fraction == 1.0
 
 
 def test_broken_path_is_caught_by_the_bitwise_check_itself(monkeypatch):

@@ -25,20 +25,20 @@ def weights(**cfg):
 def test_decoupled_weights_are_the_ratio():
     rho, st = weights(kind="decoupled")
     torch.testing.assert_close(rho, torch.tensor([[2.0, 0.5, 3.0], [1, 1, 1]]))
-    assert st["is_masked_tokens"] == 0 and st["is_truncated_tokens"] == 0
+    assert st.is_masked_tokens == 0 and st.is_truncated_tokens == 0
 
 
 def test_truncated_is_caps_the_ratio():
     rho, st = weights(kind="truncated_is", is_cap=2.5)
     torch.testing.assert_close(rho, torch.tensor([[2.0, 0.5, 2.5], [1, 1, 1]]))
-    assert st["is_truncated_tokens"] == 1 and st["is_masked_tokens"] == 0
-    assert st["is_weight_mean"] == pytest.approx((2 + 0.5 + 2.5 + 3) / 6)
+    assert st.is_truncated_tokens == 1 and st.is_masked_tokens == 0
+    assert st.is_weight_mean == pytest.approx((2 + 0.5 + 2.5 + 3) / 6)
 
 
 def test_masked_is_zeroes_tokens_outside_the_band():
     rho, st = weights(kind="masked_is", mask_low=0.6, mask_high=2.5)
     torch.testing.assert_close(rho, torch.tensor([[2.0, 0.0, 0.0], [1, 1, 1]]))
-    assert st["is_masked_tokens"] == 2
+    assert st.is_masked_tokens == 2
 
 
 @pytest.mark.parametrize("band, kept_first_row", [((0.9, 1.1), False), ((1.4, 1.5), True)])
@@ -47,14 +47,14 @@ def test_geo_mask_keeps_or_drops_whole_rows_by_the_geometric_mean(band, kept_fir
     first = [2.0, 0.5, 2.5] if kept_first_row else [0.0, 0.0, 0.0]
     second = [1.0, 1.0, 1.0] if band[0] <= 1.0 <= band[1] else [0.0, 0.0, 0.0]
     torch.testing.assert_close(rho, torch.tensor([first, second]))
-    assert st["is_masked_tokens"] == (0 if kept_first_row else 3) + (0 if second[0] else 3)
+    assert st.is_masked_tokens == (0 if kept_first_row else 3) + (0 if second[0] else 3)
 
 
 def test_padding_is_never_weighted_or_counted():
     mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
     rho, st = behaviour_weights(PROX, BEHAVIOUR, mask, OffPolicyConfig(kind="masked_is", mask_low=0.6))
     torch.testing.assert_close(rho, torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]]))
-    assert st["is_masked_tokens"] == 1
+    assert st.is_masked_tokens == 1
 
 
 def test_decoupled_loss_ratio_is_against_the_proximal_policy_weighted_by_rho():
@@ -68,8 +68,8 @@ def test_decoupled_loss_ratio_is_against_the_proximal_policy_weighted_by_rho():
     loss.backward()
     torch.testing.assert_close(new.grad, torch.tensor([[-1.5 * 2 / 3, -1.5 * 0.5 / 3, -1.5 * 2.5 / 3]]))
     k3 = [w - 1 - math.log(w) for w in (2.0, 0.5, 3.0)]
-    assert st["kl"] == pytest.approx(sum(k3) / 3, rel=1e-5)
-    assert st["ratio_mean"] == pytest.approx(1.0)
+    assert st.kl == pytest.approx(sum(k3) / 3, rel=1e-5)
+    assert st.ratio_mean == pytest.approx(1.0)
 
 
 def test_bands_must_be_ordered():

@@ -71,8 +71,8 @@ def test_micro_batching_gives_the_same_gradient_as_one_big_batch(agg):
     (g_big, s_big), (g_small, s_small) = results
     for a, b in zip(g_big, g_small):
         torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-4)
-    assert s_big["loss"] == pytest.approx(s_small["loss"], abs=1e-6)
-    assert s_big["tokens"] == s_small["tokens"]
+    assert s_big.loss == pytest.approx(s_small.loss, abs=1e-6)
+    assert s_big.tokens == s_small.tokens
 
 
 def test_on_policy_step_metrics():
@@ -81,15 +81,15 @@ def test_on_policy_step_metrics():
     tr = Trainer(model, TrainerConfig(warmup_steps=4, lr=1e-3))
     m = tr.step(batch)
     assert tr.version == 1
-    assert m["kl"] == pytest.approx(0.0, abs=1e-6)
-    assert m["ratio_max"] == pytest.approx(1.0, abs=1e-4) and m["clip_frac"] == 0.0
-    assert m["lr"] == pytest.approx(1e-3 / 4)
-    assert m["tokens"] == sum(t.num_generated_tokens for t in batch.trajectories)
-    assert m["grad_norm"] > 0 and m["entropy"] > 0
+    assert m.kl == pytest.approx(0.0, abs=1e-6)
+    assert m.ratio_max == pytest.approx(1.0, abs=1e-4) and m.clip_frac == 0.0
+    assert m.lr == pytest.approx(1e-3 / 4)
+    assert m.tokens == sum(t.num_generated_tokens for t in batch.trajectories)
+    assert m.grad_norm > 0 and m.entropy > 0
     expected = {"loss", "pg_loss", "kl", "clip_frac", "grad_norm", "lr", "tokens", "adv_mean",
                 "ratio_max", "step_time_s"}
-    assert expected <= m.keys()
-    assert tr.step(batch)["lr"] == pytest.approx(2e-3 / 4)
+    assert expected <= m.to_json().keys()
+    assert tr.step(batch).lr == pytest.approx(2e-3 / 4)
 
 
 def test_policy_moves_toward_rewarded_completion():
@@ -121,7 +121,7 @@ def test_environment_tokens_get_no_gradient():
     batch = Batch([Trajectory("t", 0, [seg], reward=1.0), Trajectory("t", 0, [seg], reward=0.0)], 0)
     before = params_of(model)
     m = Trainer(model, TrainerConfig(warmup_steps=0)).step(batch)
-    assert m["tokens"] == 0 and m["grad_norm"] == 0.0
+    assert m.tokens == 0 and m.grad_norm == 0.0
     assert all(torch.equal(a, b) for a, b in zip(before, params_of(model)))
 
 
@@ -161,7 +161,7 @@ def test_moe_trainer_replays_recorded_experts(monkeypatch):
     assert seen[0][0, P - 1].tolist() == seg.experts[0]
     # prompt positions carry the model's own routing (valid ids), so the replayed run's logprob
     # of token 0 differs from the recorded one (kl > 0) only because of the swapped experts
-    assert m["kl"] > 0
+    assert m.kl > 0
     assert int(seen[0].min()) >= 0
 
 
@@ -169,7 +169,7 @@ def test_moe_replay_of_own_routing_is_on_policy():
     model = tiny_model(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
     batch = on_policy_batch(model, with_experts=True, groups=2, group_size=2)
     m = Trainer(model, TrainerConfig(warmup_steps=0)).step(batch)
-    assert m["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert m.kl == pytest.approx(0.0, abs=1e-6)
 
 
 # ---------------------------------------------------------------- checkpoints

@@ -336,7 +336,7 @@ def rl(policy: Policy, spec, setup: WindowSetup, mode: str, bc: HorizonBenchConf
         step += 1
         curve.append({"step": step, "wall_s": time.perf_counter() - start,
                       "success": sum(t.reward >= 1.0 for t in trajs) / len(trajs),
-                      "loss": metrics["loss"], "kl": metrics["kl"]})
+                      "loss": metrics.loss, "kl": metrics.kl})
     return {"steps": step, "wall_s": time.perf_counter() - start, "curve": curve}
 
 

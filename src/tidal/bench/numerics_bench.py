@@ -88,15 +88,13 @@ def _trainer_mismatch(model, results, mode: str, replay: str) -> dict:
     totals = trainer.accumulate_gradients(collate(trajectories, pad_id=0, normalize_std=True))
     for p in model.parameters():
         p.grad = None
-    out = {k: totals[f"mismatch_{k}"] for k in MISMATCH_KEYS}
-    out["tokens"] = int(totals["mismatch_tokens"])
-    if "routing_flip_rate" in totals:
-        out["router_flip_rate"] = totals["routing_flip_rate"]
-        layers = sum(k.startswith("routing_flip_rate_layer") for k in totals)
-        out["router_flip_rate_per_layer"] = [  # by layer number (a name sort puts 10 before 2)
-            totals[f"routing_flip_rate_layer{i}"] for i in range(layers)]
-        out["tokens_with_flip_fraction"] = totals["routing_tokens_with_flip_fraction"]
-        out["trained_flip_rate"] = totals["routing_trained_flip_rate"]
+    out = {k: getattr(totals.mismatch, k) for k in MISMATCH_KEYS}
+    out["tokens"] = int(totals.mismatch.tokens)
+    if totals.routing is not None:
+        out["router_flip_rate"] = totals.routing.flip_rate
+        out["router_flip_rate_per_layer"] = totals.routing.flip_rate_per_layer
+        out["tokens_with_flip_fraction"] = totals.routing.tokens_with_flip_fraction
+        out["trained_flip_rate"] = totals.routing.trained_flip_rate
     return out
 
 

@@ -310,7 +310,7 @@ class Run:
         trajs = [t for r in sorted(step_results, key=lambda r: r.assignment_id) for t in r.trajectories]
         trajs, hist = staleness_gate(trajs, self.trainer.version, oc.max_staleness, self.state, oc.keep_stale)
         trajs = complete_groups(trajs, oc.group_size)
-        train_metrics = self.trainer.step(Batch(trajs, self.trainer.version)) if trajs else {}
+        train_metrics = self.trainer.step(Batch(trajs, self.trainer.version)).to_json() if trajs else {}
         t1 = time.perf_counter()
         self.store.publish(self.trainer.model, self.trainer.version)
         t2 = time.perf_counter()

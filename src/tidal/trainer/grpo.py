@@ -19,6 +19,7 @@ from typing import Literal
 import torch
 
 from tidal.numerics.ops import scaled_log_softmax
+from tidal.trainer.stats import LossStats
 from tidal.types import Trajectory
 
 LossAgg = Literal["token_mean", "seq_mean"]
@@ -220,7 +221,7 @@ def ppo_clip_loss(
     num_units: float | None = None,
     prox_lp: torch.Tensor | None = None,
     token_weight: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, LossStats]:
     """PPO-clip policy-gradient loss against the behaviour policy, with a decoupled clip range.
 
     Per token: ratio = exp(new - old); pg = -min(ratio * A, clip(ratio, 1 - low, 1 + high) * A);
@@ -231,8 +232,8 @@ def ppo_clip_loss(
     exp(new - prox) instead, and ``token_weight`` [B,T] (rho) multiplies each token's pg term; k3
     stays against the behaviour policy ``old_lp``.
 
-    new_lp, old_lp, mask: [B,T]; adv: [B]. Returns (loss, stats). Stats are token means over
-    the masked tokens (clip_frac, kl, ratio_mean) plus ratio_max, pg_loss, and tokens; a
+    new_lp, old_lp, mask: [B,T]; adv: [B]. Returns (loss, LossStats): token means over the
+    masked tokens (clip_frac, kl, ratio_mean) plus ratio_max, pg_loss, and tokens; a
     micro-batch's means can be combined weighting by ``tokens``.
     """
     mask = mask.float()
@@ -254,12 +255,12 @@ def ppo_clip_loss(
         n = mask.sum()
         denom = n.clamp(min=1.0)
         was_clipped = ((ratio < 1.0 - clip_low) & (a < 0)) | ((ratio > 1.0 + clip_high) & (a > 0))
-        stats = {
-            "pg_loss": pg_loss.item(),
-            "kl": ((k3 * mask).sum() / denom).item(),
-            "clip_frac": ((was_clipped.float() * mask).sum() / denom).item(),
-            "ratio_mean": ((ratio * mask).sum() / denom).item(),
-            "ratio_max": ratio.masked_fill(mask == 0, float("-inf")).max().item() if n > 0 else 1.0,
-            "tokens": n.item(),
-        }
+        stats = LossStats(
+            pg_loss=pg_loss.item(),
+            kl=((k3 * mask).sum() / denom).item(),
+            clip_frac=((was_clipped.float() * mask).sum() / denom).item(),
+            ratio_mean=((ratio * mask).sum() / denom).item(),
+            ratio_max=ratio.masked_fill(mask == 0, float("-inf")).max().item() if n > 0 else 1.0,
+            tokens=n.item(),
+        )
     return loss, stats

@@ -13,11 +13,12 @@ from __future__ import annotations
 import torch
 
 from tidal.trainer.config import OffPolicyConfig
+from tidal.trainer.stats import OffPolicyStats
 
 
 def behaviour_weights(
     prox_lp: torch.Tensor, behaviour_lp: torch.Tensor, mask: torch.Tensor, cfg: OffPolicyConfig
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, OffPolicyStats]:
     """rho [B, T] (0 where mask is 0) and counts over the masked-in tokens: ``is_masked_tokens``
     (rho set to 0 by the correction), ``is_truncated_tokens`` (w capped), ``is_weight_mean``
     (mean rho). prox_lp, behaviour_lp, mask: [B, T]; rows are sequences (segments)."""
@@ -45,9 +46,9 @@ def behaviour_weights(
             rho = w.clamp(max=cfg.is_cap)
         rho = rho * keep.float()
         n = mask.sum().clamp(min=1.0)
-        stats = {
-            "is_masked_tokens": float((mask.bool() & ~keep).sum()),
-            "is_truncated_tokens": float(truncated.sum()),
-            "is_weight_mean": float(rho.sum() / n),
-        }
+        stats = OffPolicyStats(
+            is_masked_tokens=float((mask.bool() & ~keep).sum()),
+            is_truncated_tokens=float(truncated.sum()),
+            is_weight_mean=float(rho.sum() / n),
+        )
     return rho, stats

@@ -35,6 +35,15 @@ from tidal.numerics.metrics import mismatch_metrics, routing_flip_metrics
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.grpo import NO_REPLAY, TrainBatch, collate, ppo_clip_loss, token_logprobs
 from tidal.trainer.offpolicy import behaviour_weights
+from tidal.trainer.stats import (
+    GradientStats,
+    GradientSums,
+    LossStats,
+    MismatchStats,
+    OffPolicyStats,
+    RoutingStats,
+    TrainStats,
+)
 from tidal.types import Batch
 
 DEFAULT_NUMERICS = EngineConfig.model_fields["numerics"].default
@@ -82,14 +91,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ the step
 
-    def step(self, batch: Batch) -> dict[str, float]:
-        """One optimizer step on ``batch``; returns its metrics: loss, pg_loss, kl (k3 vs the
-        behaviour policy), clip_frac, ratio_mean, ratio_max, entropy, grad_norm (before
-        clipping), lr, tokens (trained), sequences, adv_mean, adv_abs_mean, step_time_s,
-        staleness_max (this version minus the oldest token version in the batch); with an
-        off-policy correction is_masked_tokens, is_truncated_tokens, is_weight_mean; the
-        engine-vs-trainer mismatch (tidal.numerics.metrics) as mismatch_* and, for MoE,
-        routing_* (see ``_mismatch``); replay_filled_positions for MoE."""
+    def step(self, batch: Batch) -> TrainStats:
+        """One optimizer step on ``batch``; returns its statistics (see TrainStats: the loss and
+        its parts, the update, and the engine-vs-trainer mismatch of tidal.numerics.metrics)."""
         start = time.perf_counter()
         tb = collate(batch.trajectories, self.pad_id, self.cfg.normalize_adv_std)
         staleness = [self.version - t.min_version for t in batch.trajectories if t.min_version >= 0]
@@ -97,18 +101,19 @@ class Trainer:
         grad_norm = self.clip_gradients()
         lr = self.apply_update()
         self.version += 1
-        metrics = self._metrics(tb, stats, grad_norm, lr, time.perf_counter() - start)
-        metrics["staleness_max"] = float(max(staleness, default=0))
-        return metrics
+        traj_adv = torch.zeros(int(tb.row_traj.max()) + 1)
+        traj_adv[tb.row_traj] = tb.advantages
+        return TrainStats.of(
+            stats, grad_norm=grad_norm, lr=lr, sequences=float(tb.num_rows),
+            adv_mean=traj_adv.mean().item(), adv_abs_mean=traj_adv.abs().mean().item(),
+            step_time_s=time.perf_counter() - start, staleness_max=float(max(staleness, default=0)))
 
-    def accumulate_gradients(self, tb: TrainBatch) -> dict[str, float]:
+    def accumulate_gradients(self, tb: TrainBatch) -> GradientStats:
         """Forward/backward every micro-batch; leaves the whole batch's gradient in masters' .grad."""
         for m in self.masters:
             m.grad = None
         units = self._loss_units(tb)
-        totals = {"loss": 0.0, "pg_loss": 0.0, "tokens": 0.0, "kl": 0.0, "clip_frac": 0.0,
-                  "ratio_mean": 0.0, "entropy": 0.0, "ratio_max": -math.inf,
-                  "replay_filled_positions": 0.0}
+        sums = GradientSums()
         compared = _Comparison()
         if tb.num_rows > self.cfg.micro_batch_size:
             tb = by_length(tb)
@@ -117,45 +122,27 @@ class Trainer:
             logits, own_experts, used_experts, filled = self._forward(mb)
             new_lp = token_logprobs(logits, mb.targets, self.temperature)
             compared.add(mb, new_lp, own_experts, used_experts, self.version)
-            loss, st = self._loss(mb, new_lp, units)
+            loss, st, off = self._loss(mb, new_lp, units)
             loss.backward()
             self._move_grads_to_masters()
-            n = st["tokens"]
-            totals["loss"] += loss.item()
-            totals["pg_loss"] += st["pg_loss"]
-            totals["tokens"] += n
-            totals["replay_filled_positions"] += filled
-            for key in ("kl", "clip_frac", "ratio_mean"):
-                totals[key] += st[key] * n
-            for key in ("is_masked_tokens", "is_truncated_tokens"):
-                if key in st:
-                    totals[key] = totals.get(key, 0.0) + st[key]
-            if "is_weight_mean" in st:
-                totals["is_weight_mean"] = totals.get("is_weight_mean", 0.0) + st["is_weight_mean"] * n
-            totals["entropy"] += _masked_entropy_sum(logits, mb.loss_mask, self.temperature)
-            totals["ratio_max"] = max(totals["ratio_max"], st["ratio_max"] if n else -math.inf)
-        n = max(totals["tokens"], 1.0)
-        for key in ("kl", "clip_frac", "ratio_mean", "entropy", "is_weight_mean"):
-            if key in totals:
-                totals[key] /= n
-        if totals["ratio_max"] == -math.inf:
-            totals["ratio_max"] = 1.0
-        totals.update(compared.metrics())
-        return totals
+            sums.add(loss.item(), st, off, _masked_entropy_sum(logits, mb.loss_mask, self.temperature),
+                     filled)
+        return sums.result(compared.mismatch(), compared.routing())
 
-    def _loss(self, mb: TrainBatch, new_lp: torch.Tensor, units: float):
+    def _loss(self, mb: TrainBatch, new_lp: torch.Tensor,
+              units: float) -> tuple[torch.Tensor, LossStats, OffPolicyStats | None]:
         """PPO-clip against the behaviour policy, or decoupled with an off-policy correction."""
         cfg = self.cfg
-        prox, rho, extra = None, None, {}
+        prox, rho, off = None, None, None
         if cfg.off_policy.kind != "none":
             prox = new_lp.detach()  # one optimizer step per batch: the proximal policy is this one
-            rho, extra = behaviour_weights(prox, mb.old_logprobs, mb.loss_mask, cfg.off_policy)
+            rho, off = behaviour_weights(prox, mb.old_logprobs, mb.loss_mask, cfg.off_policy)
         loss, st = ppo_clip_loss(
             new_lp, mb.old_logprobs, mb.advantages, mb.loss_mask, cfg.clip_eps_low,
             cfg.clip_eps_high, cfg.loss_agg, kl_coef=cfg.kl_coef, num_units=units,
             prox_lp=prox, token_weight=rho,
         )
-        return loss, {**st, **extra}
+        return loss, st, off
 
     def clip_gradients(self) -> float:
         """Clip the global gradient norm to cfg.grad_clip; returns the norm before clipping.
@@ -265,27 +252,6 @@ class Trainer:
             m.grad = g if m.grad is None else m.grad.add_(g)
             p.grad = None
 
-    def _metrics(self, tb: TrainBatch, st: dict, grad_norm: float, lr: float, seconds: float) -> dict[str, float]:
-        traj_adv = torch.zeros(int(tb.row_traj.max()) + 1)
-        traj_adv[tb.row_traj] = tb.advantages
-        extra = {k: v for k, v in st.items() if k.startswith(("is_", "mismatch_", "routing_", "replay_"))}
-        return extra | {
-            "loss": st["loss"],
-            "pg_loss": st["pg_loss"],
-            "kl": st["kl"],
-            "clip_frac": st["clip_frac"],
-            "ratio_mean": st["ratio_mean"],
-            "ratio_max": st["ratio_max"],
-            "entropy": st["entropy"],
-            "grad_norm": grad_norm,
-            "lr": lr,
-            "tokens": st["tokens"],
-            "sequences": float(tb.num_rows),
-            "adv_mean": traj_adv.mean().item(),
-            "adv_abs_mean": traj_adv.abs().mean().item(),
-            "step_time_s": seconds,
-        }
-
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict:
@@ -344,19 +310,19 @@ class _Comparison:
             self.own_ex.append(own_experts[recorded])
             self.used_ex.append(used_experts[recorded])
 
-    def metrics(self) -> dict[str, float]:
+    def mismatch(self) -> MismatchStats:
         m = mismatch_metrics(torch.cat(self.engine_lp), torch.cat(self.trainer_lp))
-        out = {f"mismatch_{k}": float(v) for k, v in m.items()}
-        if self.engine_ex:
-            engine = torch.cat(self.engine_ex)
-            flips = routing_flip_metrics(engine, torch.cat(self.own_ex))
-            out["routing_flip_rate"] = flips["flip_rate"]
-            out["routing_tokens_with_flip_fraction"] = flips["tokens_with_flip_fraction"]
-            for layer, rate in enumerate(flips["flip_rate_per_layer"]):
-                out[f"routing_flip_rate_layer{layer}"] = rate
-            trained = routing_flip_metrics(engine, torch.cat(self.used_ex))
-            out["routing_trained_flip_rate"] = trained["flip_rate"]
-        return out
+        return MismatchStats(**{k: float(v) for k, v in m.items()})
+
+    def routing(self) -> RoutingStats | None:
+        """None for dense models (or a batch without recorded experts)."""
+        if not self.engine_ex:
+            return None
+        engine = torch.cat(self.engine_ex)
+        flips = routing_flip_metrics(engine, torch.cat(self.own_ex))
+        trained = routing_flip_metrics(engine, torch.cat(self.used_ex))
+        return RoutingStats(flips["flip_rate"], flips["tokens_with_flip_fraction"],
+                            flips["flip_rate_per_layer"], trained["flip_rate"])
 
 
 def by_length(tb: TrainBatch) -> TrainBatch:
