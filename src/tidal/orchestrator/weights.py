@@ -9,8 +9,9 @@ A reader only ever sees complete versions: ``save_pretrained`` writes into a hid
 and renames it into place with its completion marker, and LATEST moves after that. Old versions
 are removed once ``keep`` newer ones exist; a worker that is still loading one of them retries
 with the newest. The HTTP/delta transport (tidal.sync.weight_store: deltas through an origin on
-loopback, one puller per worker) has the same methods and is the default; ``sync.transport``
-chooses (``open_weight_publisher`` on the driver, ``open_weight_source`` in each worker).
+loopback, one puller per worker) implements the same Protocols (tidal.sync.transport) and is the
+default; ``sync.transport`` chooses (``open_weight_publisher`` on the driver,
+``open_weight_source`` in each worker).
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ import shutil
 from pathlib import Path
 
 from tidal.fsutil import write_atomic
+from tidal.sync.transport import WeightPublisher, WeightSource
 
 
-class FilesystemWeightStore:
+class FilesystemWeightStore(WeightPublisher, WeightSource):
+    """Both ends in one class: the driver publishes into ``root``, workers read from it."""
+
     def __init__(self, root: str | Path, keep: int = 3):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -38,14 +42,12 @@ class FilesystemWeightStore:
     def folder(self, version: int) -> Path:
         return self.root / f"v{version:08d}"
 
-    def publish(self, model, version: int) -> Path:
+    def publish(self, model, version: int) -> None:
         from tidal.model import save_pretrained
 
-        folder = self.folder(version)
-        save_pretrained(model, folder)
+        save_pretrained(model, self.folder(version))
         write_atomic(self.root / "LATEST", str(version).encode())
         self._collect_garbage(version)
-        return folder
 
     def latest_version(self) -> int | None:
         try:
@@ -64,7 +66,7 @@ class FilesystemWeightStore:
                 shutil.rmtree(child, ignore_errors=True)
 
 
-def open_weight_publisher(cfg, root: Path):
+def open_weight_publisher(cfg, root: Path) -> WeightPublisher:
     """The driver's end of the configured transport (``cfg.sync.transport``), publishing in the
     engines' dtype (``cfg.model.dtype``); its ``address`` is what workers open."""
     if cfg.sync.transport == "filesystem":
@@ -74,7 +76,7 @@ def open_weight_publisher(cfg, root: Path):
     return HttpWeightPublisher(root, cfg.sync, cfg.model.dtype)
 
 
-def open_weight_source(cfg, address: str):
+def open_weight_source(cfg, address: str) -> WeightSource:
     """A worker's end of the configured transport, given the publisher's ``address``."""
     if cfg.sync.transport == "filesystem":
         return FilesystemWeightStore(address)

@@ -1,6 +1,6 @@
-"""The HTTP/delta weight transport of `tidal train`, behind the orchestrator's small interface
-(``publish(model, version)`` on the driver; ``latest_version()`` and ``load(version, dtype)`` in
-each rollout worker), the same interface as the filesystem store.
+"""The HTTP/delta weight transport of `tidal train`, behind the small interface of
+tidal.sync.transport (``WeightPublisher`` on the driver, ``WeightSource`` in each rollout
+worker), the same interface as the filesystem store.
 
     driver:  HttpWeightPublisher ── Publisher (deltas, anchors) ── origin on loopback (a thread)
     worker:  HttpWeightSource ── its own Puller ── verified tensors ── a model for Engine.load_weights
@@ -13,17 +13,17 @@ import shutil
 import time
 from pathlib import Path
 
-
 from tidal.sync.config import SyncConfig
 from tidal.sync.publisher import Publisher
 from tidal.sync.puller import Puller
 from tidal.sync.server import ServerThread, make_app
 from tidal.sync.tensors import bits_of, cast_floats
+from tidal.sync.transport import WeightPublisher, WeightSource
 
 CONFIG_FILE = "config.json"
 
 
-class HttpWeightPublisher:
+class HttpWeightPublisher(WeightPublisher):
     def __init__(self, root: str | Path, cfg: SyncConfig, dtype: str, host: str = "127.0.0.1"):
         """``dtype``: the serving dtype (the rollout engines' dtype). The root starts empty: a
         run's workers are fresh, so earlier runs' versions are of no use to them."""
@@ -31,7 +31,11 @@ class HttpWeightPublisher:
         self.dtype = dtype
         self.publisher = Publisher(root, cfg)
         self.server = ServerThread(make_app(self.publisher.store), host=host)
-        self.address = self.server.url
+
+    @property
+    def address(self) -> str:
+        """The origin's URL."""
+        return self.server.url
 
     def publish(self, model, version: int) -> None:
         from tidal.model.checkpoint import config_to_hf, to_hf_state_dict
@@ -48,7 +52,7 @@ class HttpWeightPublisher:
         self.server.stop()
 
 
-class HttpWeightSource:
+class HttpWeightSource(WeightSource):
     def __init__(self, address: str, cfg: SyncConfig):
         self.cfg = cfg
         self.puller = Puller([address], cfg)
