@@ -74,7 +74,7 @@ def test_a_scripted_expert_solves_fixit_through_the_harness(sandbox, clumsy):
         text = ByteTokenizer().decode(t.segments[0].completion_ids)
         assert "/6 pass (" in text and t.info["reward/tests_pass"] == 1.0
         assert t.reward == pytest.approx(1.0 if clumsy else 1.1)  # clean_calls term (0.1)
-        assert t.info["tool_errors"] == float(clumsy)
+        assert t.episode.tool_errors == float(clumsy)
 
 
 def test_an_unfixed_file_earns_only_partial_credit(sandbox):
@@ -102,6 +102,6 @@ def test_a_tiny_random_model_runs_fixit_end_to_end(sandbox):
     assert len(trajs) == 4 and stats.generated_tokens > 0
     for t in trajs:
         assert t.reason in {"turn_budget", "done", "context", "token_budget"}
-        assert t.info["turns"] >= 1 and t.info["tool_errors"] <= t.info["turns"]
+        assert t.episode.turns >= 1 and t.episode.tool_errors <= t.episode.turns
         for seg in t.segments:
             assert len(seg.prompt_ids) + len(seg.completion_ids) <= 512

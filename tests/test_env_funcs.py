@@ -48,5 +48,5 @@ def test_single_turn_rollouts_match_generate_then_grade(setup):
         assert seg.completion_ids == r.token_ids and seg.loss_mask == [1] * len(r.token_ids)
         assert seg.logprobs == pytest.approx(r.logprobs, abs=1e-5)
         assert (t.reward, t.reason) == (g.reward, g.reason)
-        assert t.info["passed"] == g.passed and t.info["level"] == task.level and t.info["turns"] == 1
+        assert t.info["passed"] == g.passed and t.info["level"] == task.level and t.episode.turns == 1
     assert stats.generated_tokens == sum(len(r.token_ids) for r in reference)

@@ -88,7 +88,7 @@ def answer_after(k):
 
 def test_environment_tokens_are_masked_and_model_tokens_keep_logprob_and_version():
     engine, (t,) = run(answer_after(2))
-    assert t.reward == 1.0 and t.reason == "done" and t.info["turns"] == 3
+    assert t.reward == 1.0 and t.reason == "done" and t.episode.turns == 3
     (seg,) = t.segments
     model = [i for i, m in zip(seg.completion_ids, seg.loss_mask) if m]
     env = [i for i, m in zip(seg.completion_ids, seg.loss_mask) if not m]
@@ -98,7 +98,7 @@ def test_environment_tokens_are_masked_and_model_tokens_keep_logprob_and_version
     assert text_of(env) == f"{OBS_OPEN}noted 1{OBS_CLOSE}{OBS_OPEN}noted 2{OBS_CLOSE}"
     for lp, v, m in zip(seg.logprobs, seg.versions, seg.loss_mask):
         assert (lp, v) == ((-0.5, 0) if m else (0.0, -1))
-    assert t.info["model_tokens"] == len(model) and t.info["env_tokens"] == len(env)
+    assert t.episode.model_tokens == len(model) and t.episode.env_tokens == len(env)
 
 
 def test_each_turn_sees_the_whole_context_so_far():
@@ -112,16 +112,16 @@ def test_each_turn_sees_the_whole_context_so_far():
 def test_turn_budget_ends_an_episode_of_bad_calls():
     engine, (t,) = run(lambda p: "no call here", max_turns=5, max_seq_len=2048)
     assert t.reason == "turn_budget" and t.reward == 0.0
-    assert t.info["turns"] == 5 and t.info["tool_errors"] == 5 and len(engine.requests) == 5
+    assert t.episode.turns == 5 and t.episode.tool_errors == 5 and len(engine.requests) == 5
     assert text_of(t.segments[0].completion_ids).count("error (no_call)") == 5
 
 
 def test_token_budget_caps_model_tokens_and_bad_calls_pay_for_their_length():
     long_garbage = "<call>{" + "z" * 200
     engine, (t,) = run(lambda p: long_garbage, max_tokens=150, max_turn_tokens=60)
-    assert t.reason == "token_budget" and t.info["model_tokens"] == 150
+    assert t.reason == "token_budget" and t.episode.model_tokens == 150
     assert [r.max_new_tokens for r in engine.requests] == [60, 60, 30]
-    assert t.info["tool_errors"] == 3
+    assert t.episode.tool_errors == 3
 
 
 @pytest.mark.parametrize("action", ['<call>{"note": {"text": 5}}</call>', '<call>{"rm": {}}</call>',
@@ -129,7 +129,7 @@ def test_token_budget_caps_model_tokens_and_bad_calls_pay_for_their_length():
 def test_malformed_calls_never_end_the_episode_for_free(action):
     engine, (t,) = run(lambda p: action if n_obs(p) == 0 else answer_after(0)(p),
                        max_turn_tokens=400, max_seq_len=2048)
-    assert t.info["tool_errors"] == 1 and t.info["turns"] == 2 and t.reward == 1.0
+    assert t.episode.tool_errors == 1 and t.episode.turns == 2 and t.reward == 1.0
     assert "error (" in text_of(t.segments[0].completion_ids)
 
 
@@ -169,7 +169,7 @@ def test_self_summarization_chains_segments_from_head_and_summary():
                        context_mode="summarize", summary_trigger=0.7, summary_max_tokens=40,
                        max_turns=100)
     segs = t.segments
-    assert t.info["resets"] == len(segs) - 1 >= 2 and t.reward == 1.0
+    assert t.episode.resets == len(segs) - 1 >= 2 and t.reward == 1.0
     head = segs[0].prompt_ids
     for prev, seg in zip(segs, segs[1:]):
         summary = text_of([i for i, m in zip(prev.completion_ids, prev.loss_mask) if m]).split("note\":{\"text\":\"" + "y" * 30 + "\"}}</call>")[-1]
@@ -181,16 +181,16 @@ def test_self_summarization_chains_segments_from_head_and_summary():
     for r in engine.requests:
         assert len(r.prompt_ids) + r.max_new_tokens <= window
     kinds = [r.tag[1] for r in engine.requests]
-    assert kinds.count("summary") == t.info["summary_count"] == t.info["resets"]
-    assert t.info["summary_tokens_mean"] == len(TOK.encode(f"facts: KEEP noted so far{SUMMARY_CLOSE}"))
-    assert t.info["effective_horizon"] > 1.5
+    assert kinds.count("summary") == t.episode.summary_count == t.episode.resets
+    assert t.episode.summary_tokens_mean == len(TOK.encode(f"facts: KEEP noted so far{SUMMARY_CLOSE}"))
+    assert t.episode.effective_horizon > 1.5
 
 
 def test_summary_is_triggered_by_the_trigger_fraction():
     common = dict(max_seq_len=1000, context_mode="summarize", summary_max_tokens=40, max_turns=8)
     _, (late,) = run(summarizing(turns_before_submit=7), summary_trigger=1.0, **common)
     _, (early,) = run(summarizing(turns_before_submit=7), summary_trigger=0.4, **common)
-    assert late.info["resets"] == 0 and early.info["resets"] >= 1
+    assert late.episode.resets == 0 and early.episode.resets >= 1
     first = early.segments[0]
     assert len(first.prompt_ids) + len(first.completion_ids) >= 0.4 * 1000 - 200
 
@@ -202,7 +202,7 @@ def test_a_summary_without_its_closing_tag_is_closed_by_the_harness_within_its_b
         return summarizing(turns_before_submit=8)(prompt)
 
     _, (t,) = run(policy, max_seq_len=400, context_mode="summarize", summary_max_tokens=20, max_turns=30)
-    assert t.info["summary_tokens_max"] == 20
+    assert t.episode.summary_tokens_max == 20
     assert text_of(t.segments[1].prompt_ids).endswith(SUMMARY_OPEN + "s" * 20 + SUMMARY_CLOSE + "\n")
 
 
@@ -211,7 +211,7 @@ def test_truncation_keeps_the_head_and_the_newest_whole_turns():
     _, (t,) = run(summarizing(turns_before_submit=12), max_seq_len=window, context_mode="truncate",
                   truncate_keep=0.6, max_turns=100)
     segs = t.segments
-    assert len(segs) >= 3 and t.info["summary_count"] == 0 and t.reward == 1.0
+    assert len(segs) >= 3 and t.episode.summary_count == 0 and t.reward == 1.0
     head = segs[0].prompt_ids
     turn_start = TOK.encode("thinking ")
     for prev, seg in zip(segs, segs[1:]):
@@ -226,7 +226,7 @@ def test_truncation_keeps_the_head_and_the_newest_whole_turns():
 
 def test_stop_mode_ends_the_episode_when_the_window_is_full():
     _, (t,) = run(summarizing(), max_seq_len=400, context_mode="stop", max_turns=100)
-    assert t.reason == "context" and len(t.segments) == 1 and t.info["effective_horizon"] <= 1.0
+    assert t.reason == "context" and len(t.segments) == 1 and t.episode.effective_horizon <= 1.0
 
 
 def test_an_observation_that_does_not_fit_is_shown_after_the_summary():
@@ -249,7 +249,7 @@ def test_an_observation_that_does_not_fit_is_shown_after_the_summary():
     _, (t,) = run(policy, max_seq_len=350, spec=notes_spec(Loud), context_mode="summarize",
                   summary_trigger=1.0, summary_max_tokens=20, max_observation_tokens=200,
                   max_turn_tokens=80, max_turns=40)
-    assert t.reward == 1.0 and t.info["resets"] >= 1
+    assert t.reward == 1.0 and t.episode.resets >= 1
     first, second = t.segments[:2]
     assert text_of(first.completion_ids) == turn + SUMMARY_OPEN + "ok" + SUMMARY_CLOSE
     assert text_of(second.completion_ids).startswith(OBS_OPEN + "L" * 150 + OBS_CLOSE)
@@ -311,8 +311,8 @@ def test_episode_metrics_reach_the_step_record():
 
     _, trajs = run(summarizing(turns_before_submit=12), n=2, max_seq_len=400,
                    context_mode="summarize", summary_max_tokens=40, max_turns=100)
-    m = rollout_metrics(trajs)
-    assert m["episode/resets"] == sum(t.info["resets"] for t in trajs) / 2 > 0
+    m = rollout_metrics(trajs).to_json()
+    assert m["episode/resets"] == sum(t.episode.resets for t in trajs) / 2 > 0
     assert m["episode/effective_horizon"] > 1 and m["episode/turns"] == 13
 
 
@@ -337,5 +337,5 @@ def test_a_tool_stuck_forever_is_abandoned_and_the_rollout_still_returns():
     release.set()
     assert finished, "run_episodes waited for an abandoned tool thread"
     t = out["t"]
-    assert t.reward == 1.0 and t.info["tool_errors"] == 1
+    assert t.reward == 1.0 and t.episode.tool_errors == 1
     assert "error (timeout)" in text_of(t.segments[0].completion_ids)

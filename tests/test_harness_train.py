@@ -78,7 +78,7 @@ def test_summarized_episodes_train_every_segment_with_the_episode_advantage(mode
     multi = [t for t in trajs if len(t.segments) >= 2]
     assert multi, "no episode outgrew its window; the test needs summaries"
     for t in trajs:
-        assert t.info["resets"] == len(t.segments) - 1 == t.info["summary_count"]
+        assert t.episode.resets == len(t.segments) - 1 == t.episode.summary_count
         for seg in t.segments:
             assert len(seg.prompt_ids) + len(seg.completion_ids) <= 256
             for v, m in zip(seg.versions, seg.loss_mask):

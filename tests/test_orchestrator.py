@@ -64,17 +64,17 @@ def test_plan_step_splits_tasks_and_sets_min_version():
 def test_run_respects_staleness_bound(tmp_path, ckpt, max_staleness):
     cfg = cfg_with("--orchestrator.steps", "5", "--orchestrator.max_staleness", str(max_staleness))
     summary = run_rl(cfg, tmp_path, ckpt, progress=False)
-    assert summary["steps"] == 5 and summary["trajectories"] == 5 * 4 * 2
-    assert summary["max_staleness_seen"] <= max_staleness
-    assert summary["dtypes"]["model.dtype"]["resolved"] == cfg.model.dtype  # and the machine behind it:
-    assert summary["cpu"]["native_bf16"] == (resolve_dtype("auto") == "bfloat16")
+    assert summary.steps == 5 and summary.trajectories == 5 * 4 * 2
+    assert summary.max_staleness_seen <= max_staleness
+    assert summary.dtypes["model.dtype"]["resolved"] == cfg.model.dtype  # and the machine behind it:
+    assert summary.cpu["native_bf16"] == (resolve_dtype("auto") == "bfloat16")
     steps = records(tmp_path, "step")
     assert [s["step"] for s in steps] == [1, 2, 3, 4, 5]
     for s in steps:
         assert max(int(k) for k in s["staleness_hist"]) <= max_staleness
     spans = records(tmp_path, "worker")
     assert {s["state"] for s in spans} >= {"busy"}
-    assert 0 < summary["worker_busy_fraction"] <= 1
+    assert 0 < summary.worker_busy_fraction <= 1
 
 
 class FlakyWorker(RolloutWorker):
@@ -94,8 +94,8 @@ def test_failed_worker_is_replaced_and_its_tasks_rerun(tmp_path, ckpt):
     FlakyWorker.failures = 0
     cfg = cfg_with("--orchestrator.steps", "3")
     summary = run_rl(cfg, tmp_path, ckpt, progress=False, worker_cls=FlakyWorker)
-    assert FlakyWorker.failures == 1 and summary["worker_failures"] == 1
-    assert summary["steps"] == 3 and summary["trajectories"] == 3 * 4 * 2  # re-run, never double
+    assert FlakyWorker.failures == 1 and summary.worker_failures == 1
+    assert summary.steps == 3 and summary.trajectories == 3 * 4 * 2  # re-run, never double
     failure = records(tmp_path, "worker_failure")
     assert len(failure) == 1 and "injected failure" in failure[0]["error"]
 
@@ -103,7 +103,7 @@ def test_failed_worker_is_replaced_and_its_tasks_rerun(tmp_path, ckpt):
 def test_resume_continues_without_training_twice(tmp_path, ckpt):
     run_rl(cfg_with("--orchestrator.steps", "2"), tmp_path, ckpt, progress=False)
     summary = run_rl(cfg_with("--orchestrator.steps", "4"), tmp_path, ckpt, progress=False, resume=True)
-    assert summary["steps"] == 4 and summary["trajectories"] == 4 * 4 * 2
+    assert summary.steps == 4 and summary.trajectories == 4 * 4 * 2
     assert [s["step"] for s in records(tmp_path, "step")] == [1, 2, 3, 4]
 
 
@@ -133,7 +133,7 @@ def test_ray_backend_runs_actors(tmp_path, ckpt):
         summary = run_rl(cfg, tmp_path, ckpt, progress=False)
     finally:
         ray.shutdown()
-    assert summary["backend"] == "ray" and summary["steps"] == 2
+    assert summary.backend == "ray" and summary.steps == 2
     assert {s["worker"] for s in records(tmp_path, "worker") if s["state"] == "busy"} == {0, 1}
 
 

@@ -40,5 +40,5 @@ def test_short_rl_run_raises_reward(tmp_path):
     assert len(rewards) == 60
     early, late = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert late > early + 0.1, f"reward did not rise: first 10 steps {early:.3f}, last 10 {late:.3f}"
-    assert summary["max_staleness_seen"] <= summary["max_staleness"] == 1
-    assert summary["trajectories"] == 60 * 16 * 8
+    assert summary.max_staleness_seen <= summary.max_staleness == 1
+    assert summary.trajectories == 60 * 16 * 8

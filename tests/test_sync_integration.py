@@ -71,7 +71,7 @@ def test_default_recipe_moves_weights_over_http_and_pools_match_the_manifest(tmp
     HashCheckingWorker.checks = []
     summary = run_rl(cfg_with("--orchestrator.steps", "3"), tmp_path, ckpt, progress=False,
                      worker_cls=HashCheckingWorker)
-    assert summary["steps"] == 3
+    assert summary.steps == 3
     assert HashCheckingWorker.checks and all(HashCheckingWorker.checks)
     assert (tmp_path / "weights" / "v00000003" / "delta" / "manifest.json").is_file()
 
@@ -79,4 +79,4 @@ def test_default_recipe_moves_weights_over_http_and_pools_match_the_manifest(tmp
 def test_filesystem_transport_stays_selectable(tmp_path, ckpt):  # noqa: F811
     summary = run_rl(cfg_with("--orchestrator.steps", "2", "--sync.transport", "filesystem"), tmp_path,
                      ckpt, progress=False)
-    assert summary["steps"] == 2 and (tmp_path / "weights" / "LATEST").read_text() == "2"
+    assert summary.steps == 2 and (tmp_path / "weights" / "LATEST").read_text() == "2"

@@ -57,11 +57,42 @@ class Segment:
 
 
 @dataclass
+class EpisodeStats:
+    """How one episode went through the harness (tidal.harness builds it; zeros when unknown)."""
+
+    turns: int = 0
+    """Model turns taken (summaries not counted)."""
+    resets: int = 0
+    """Context resets: segments − 1 (each a summary or a truncation)."""
+    effective_horizon: float = 0.0
+    """transcript_tokens over the context window; > 1 means the episode outgrew its window."""
+    transcript_tokens: int = 0
+    """Tokens of the whole episode counted once: the head plus every completion token."""
+    summary_count: int = 0
+    """Summaries the model wrote."""
+    summary_tokens_mean: float = 0.0
+    """Mean tokens per summary (0.0 without any)."""
+    summary_tokens_max: int = 0
+    """Tokens of the longest summary (0 without any)."""
+    tool_errors: int = 0
+    """Environment steps that reported a tool error."""
+    model_tokens: int = 0
+    """Tokens the model generated (turns and summaries)."""
+    env_tokens: int = 0
+    """Tokens the harness and the environment wrote into the context (observations, summary
+    requests; the task prompt is the head, not counted here)."""
+
+
+@dataclass
 class Trajectory:
     """One sampled attempt at one task: a chain of segments and the episode's reward.
 
     group_id ties together the G samples of one task for GRPO's group-normalised advantage.
     reason: why the reward is what it is ("pass", "wrong_answer", "syntax_error", "timeout", ...).
+    episode: the harness's statistics of the episode (turns, resets, tokens, ...).
+    info: the environment's own numeric reports from its step results, free-form and per
+        environment (reward components such as ``reward/tests_pass``, ``passed``, ``level``);
+        the last value of each key over the episode.
     """
 
     task_id: str
@@ -70,6 +101,7 @@ class Trajectory:
     reward: float = 0.0
     reason: str = ""
     info: dict[str, float] = field(default_factory=dict)
+    episode: EpisodeStats = field(default_factory=EpisodeStats)
 
     @property
     def versions(self) -> list[int]:

@@ -342,13 +342,13 @@ def rl(policy: Policy, spec, setup: WindowSetup, mode: str, bc: HorizonBenchConf
 
 def evaluate(policy: Policy, spec, tasks, harness) -> dict:
     trajs = episodes(policy, spec, tasks, harness, 1)
-    horizon = [t.info["effective_horizon"] for t in trajs]
+    horizon = [t.episode.effective_horizon for t in trajs]
     return {"success": sum(t.reward >= 1.0 for t in trajs) / len(trajs),
             "effective_horizon": statistics.mean(horizon),
             "effective_horizon_min": min(horizon),
-            "resets": statistics.mean(t.info["resets"] for t in trajs),
-            "summary_tokens_mean": statistics.mean(t.info["summary_tokens_mean"] for t in trajs),
-            "tool_errors": statistics.mean(t.info["tool_errors"] for t in trajs),
+            "resets": statistics.mean(t.episode.resets for t in trajs),
+            "summary_tokens_mean": statistics.mean(t.episode.summary_tokens_mean for t in trajs),
+            "tool_errors": statistics.mean(t.episode.tool_errors for t in trajs),
             "episodes": len(trajs)}
 
 

@@ -48,8 +48,8 @@ def rollout(model, window: int, episodes: int, prefix_cache: bool, numerics: str
     trajs, _ = run_episodes(engine, spec, tasks, harness)
     return {"rollout_s": time.perf_counter() - start,
             "prefill_tokens": engine.prefill_tokens, "cached_tokens": engine.cached_tokens,
-            "model_tokens": sum(int(t.info["model_tokens"]) for t in trajs),
-            "turns": sum(int(t.info["turns"]) for t in trajs)}
+            "model_tokens": sum(t.episode.model_tokens for t in trajs),
+            "turns": sum(t.episode.turns for t in trajs)}
 
 
 def run_multiturn_bench(window: int, episodes: int, init_model: str | None, numerics: str,

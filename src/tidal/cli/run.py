@@ -95,10 +95,10 @@ def _rl(cfg, run_dir: Path, info: dict, resume: bool, t0: float) -> int:
 
     print(numerics_line(cfg), flush=True)
     summary = run_rl(cfg, run_dir, info["init_checkpoint"], resume=resume)
-    summary["pretrain_s"] = info["pretrain_s"]
-    summary["wall_s"] = None if resume else time.perf_counter() - t0  # t0: before mid-training
-    summary["plot"] = str(plot_run(run_dir))
-    summary["report"] = str(run_dir / "report.html")
+    summary.pretrain_s = info["pretrain_s"]
+    summary.wall_s = None if resume else time.perf_counter() - t0  # t0: before mid-training
+    summary.plot = str(plot_run(run_dir))
+    summary.report = str(run_dir / "report.html")
     path = write_summary(run_dir, summary)  # first: the report's header reads it
     _report(run_dir)
     print_summary(summary, path)

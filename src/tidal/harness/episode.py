@@ -29,7 +29,7 @@ from tidal.env.toolcall import OBS_CLOSE, OBS_OPEN
 from tidal.errors import UserError
 from tidal.harness.config import HarnessConfig
 from tidal.harness.segments import SegmentBuilder
-from tidal.types import Segment
+from tidal.types import EpisodeStats, Segment
 
 SUMMARY_OPEN = "\n<summary>"
 """Written by the harness (loss mask 0) to ask for a summary; the model writes the summary."""
@@ -67,20 +67,14 @@ class EpisodeResult:
         """Transcript tokens over the context window: > 1 means the episode outgrew its window."""
         return self.transcript_tokens / self.window
 
-    def metrics(self) -> dict[str, float]:
+    def stats(self) -> EpisodeStats:
         lengths = self.summary_lengths
-        return {
-            "turns": float(self.turns),
-            "resets": float(self.resets),
-            "effective_horizon": self.effective_horizon,
-            "transcript_tokens": float(self.transcript_tokens),
-            "summary_count": float(len(lengths)),
-            "summary_tokens_mean": sum(lengths) / len(lengths) if lengths else 0.0,
-            "summary_tokens_max": float(max(lengths, default=0)),
-            "tool_errors": float(self.tool_errors),
-            "model_tokens": float(self.model_tokens),
-            "env_tokens": float(self.env_tokens),
-        }
+        return EpisodeStats(
+            turns=self.turns, resets=self.resets, effective_horizon=self.effective_horizon,
+            transcript_tokens=self.transcript_tokens, summary_count=len(lengths),
+            summary_tokens_mean=sum(lengths) / len(lengths) if lengths else 0.0,
+            summary_tokens_max=max(lengths, default=0), tool_errors=self.tool_errors,
+            model_tokens=self.model_tokens, env_tokens=self.env_tokens)
 
 
 class Episode:

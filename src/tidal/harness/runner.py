@@ -69,7 +69,7 @@ async def run_episodes_async(engine, spec, tasks, cfg, samples_per_task=1, group
     trajs = [to_trajectory(tasks[i // samples_per_task], group_ids[i // samples_per_task], r)
              for i, r in enumerate(results)]
     gen_s = engine_client.engine_s if engine_client else 0.0
-    tokens = sum(int(t.info["model_tokens"]) for t in trajs)
+    tokens = sum(t.episode.model_tokens for t in trajs)
     return trajs, RolloutStats(tokens, gen_s, wall - gen_s)
 
 
@@ -90,11 +90,13 @@ async def _run_with_driver(engine_client: EngineClient | None, episodes: asyncio
 
 
 def to_trajectory(task: Any, group_id: int, result: EpisodeResult) -> Trajectory:
+    """info keeps the environment's numeric reports (see Trajectory); the harness's own
+    statistics go to ``episode``."""
     info = {k: float(v) for k, v in result.info.items()
             if isinstance(v, (int, float)) and k != "reason"}
-    info.update(result.metrics())
     return Trajectory(task_id=task.task_id, group_id=group_id, segments=result.segments,
-                      reward=result.reward, reason=result.reason, info=info)
+                      reward=result.reward, reason=result.reason, info=info,
+                      episode=result.stats())
 
 
 def context_window(cfg: HarnessConfig, engine_cfg) -> int:

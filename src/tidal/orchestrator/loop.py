@@ -10,7 +10,7 @@ Dataflow:
          ──> RolloutResult back to the driver ──> step s complete when all its assignments are
          ──> staleness gate (trainer version − oldest token version ≤ max_staleness; older
              trajectories are dropped and counted) ──> Trainer.step(Batch) ──> version s+1
-         ──> weight store publish(s+1) (default: delta over loopback HTTP, tidal.sync) ──> workers pull it
+         ──> WeightPublisher.publish(s+1) (default: delta over loopback HTTP, tidal.sync) ──> workers pull it
 
 Back-pressure rules:
 - Step s is planned (its assignments queued) only once the trainer has reached version
@@ -20,7 +20,12 @@ Back-pressure rules:
 - max_staleness = 0 is the synchronous mode on this same path: step s is planned only after
   step s − 1 has been trained and published, so generation and training alternate.
 - A worker that fails (raises, or its actor dies) is replaced by a fresh one and its assignment
-  is re-run; its partial output is discarded, so no task is lost or counted twice.
+  is re-run (at most MAX_ATTEMPTS times); its partial output is discarded, so no task is lost or
+  counted twice.
+
+These rules are the state of ``scheduler.Scheduler`` (tested without workers); ``Run._drive``
+only moves assignments between it and the pool. What the run writes (metrics.jsonl records,
+summary.json, the checkpointed RunState) is typed in ``records.py``.
 
 Held-out pass@1 is measured by the driver's own engine (loaded with the trainer's weights) before
 RL, every ``eval_every`` steps and after RL, on the same tasks with the same sampler settings.
@@ -31,8 +36,7 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections import Counter, deque
-from dataclasses import asdict, dataclass, field
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -43,32 +47,23 @@ from tidal.fsutil import write_text_atomic
 from tidal.hardware import cpu_facts
 from tidal.orchestrator.evaluate import heldout_pass1
 from tidal.orchestrator.pool import LocalPool, OrchestratorError, RayPool
+from tidal.orchestrator.records import (
+    EpisodeMeans,
+    EvalRecord,
+    RolloutMetrics,
+    RunState,
+    RunSummary,
+    StepRecord,
+    WorkerFailure,
+    WorkerSpan,
+)
+from tidal.orchestrator.scheduler import Scheduler, split_step
 from tidal.orchestrator.weights import open_weight_publisher
 from tidal.orchestrator.worker import Assignment, RolloutResult, RolloutWorker, Span
+from tidal.sync.transport import WeightPublisher
 from tidal.telemetry.metrics import MetricsLog, read_metrics, write_json_atomic
+from tidal.trainer.stats import TrainStats
 from tidal.types import Batch, Trajectory
-
-MAX_ATTEMPTS = 3
-"""Times one assignment is tried (on fresh workers) before the run stops with an error."""
-
-
-@dataclass
-class RunState:
-    """What the loop tracks across steps; saved in every checkpoint so a resumed run continues."""
-
-    step: int = 0
-    trajectories: int = 0
-    dropped_stale: int = 0
-    kept_stale: int = 0
-    max_staleness_seen: int = 0
-    worker_failures: int = 0
-    rl_wall_s: float = 0.0
-    busy_s: float = 0.0
-    evals: list[dict] = field(default_factory=list)
-
-    def worker_busy_fraction(self, num_workers: int) -> float:
-        """Generating + grading time over the workers' combined RL wall time."""
-        return self.busy_s / max(self.rl_wall_s * num_workers, 1e-9)
 
 
 def training_tasks(cfg: TidalConfig, env: EnvironmentSpec, step: int) -> list:
@@ -79,14 +74,8 @@ def training_tasks(cfg: TidalConfig, env: EnvironmentSpec, step: int) -> list:
 
 def plan_step(cfg: TidalConfig, env: EnvironmentSpec, step: int, first_id: int) -> list[Assignment]:
     """Split step ``step``'s tasks into one assignment per worker (fewer if tasks are few)."""
-    tasks = training_tasks(cfg, env, step)
-    parts = min(cfg.orchestrator.num_workers, len(tasks))
-    min_version = max(0, step - cfg.orchestrator.max_staleness)
-    out = []
-    for p in range(parts):
-        idx = list(range(p, len(tasks), parts))
-        out.append(Assignment(first_id + p, step, [tasks[i] for i in idx], idx, min_version))
-    return out
+    oc = cfg.orchestrator
+    return split_step(training_tasks(cfg, env, step), step, first_id, oc.num_workers, oc.max_staleness)
 
 
 def staleness_gate(trajs: list[Trajectory], trainer_version: int, max_staleness: int,
@@ -114,21 +103,33 @@ def complete_groups(trajs: list[Trajectory], group_size: int) -> list[Trajectory
     return [t for t in trajs if sizes[t.group_id] == group_size]
 
 
-EPISODE_METRICS = ("turns", "resets", "effective_horizon", "summary_tokens_mean", "tool_errors")
-"""Per-episode harness metrics (Trajectory.info) averaged into each step's record as episode/*."""
-
-
-def rollout_metrics(trajs: list[Trajectory]) -> dict:
+def rollout_metrics(trajs: list[Trajectory]) -> RolloutMetrics:
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
-    episodes = {f"episode/{k}": sum(t.info.get(k, 0.0) for t in trajs) / len(trajs)
-                for k in EPISODE_METRICS} if trajs else {}
-    return {
-        "reward_mean": rewards.mean().item() if len(trajs) else 0.0,
-        "reward_std": rewards.std().item() if len(trajs) > 1 else 0.0,
-        "pass_rate": (rewards >= 1.0).double().mean().item() if len(trajs) else 0.0,
-        "reasons": dict(Counter(t.reason for t in trajs)),
-        **episodes,
-    }
+    return RolloutMetrics(
+        reward_mean=rewards.mean().item() if len(trajs) else 0.0,
+        reward_std=rewards.std().item() if len(trajs) > 1 else 0.0,
+        pass_rate=(rewards >= 1.0).double().mean().item() if len(trajs) else 0.0,
+        reasons=dict(Counter(t.reason for t in trajs)),
+        episode=EpisodeMeans.of(trajs),
+    )
+
+
+def step_record(state: RunState, version: int, results: list[RolloutResult], trajs: list[Trajectory],
+                hist: Counter, train: TrainStats | None, train_s: float, publish_s: float,
+                num_workers: int, last_wall_s: float) -> StepRecord:
+    """The record of the step just trained (``state`` already counts it)."""
+    gen_s = sum(r.generate_s for r in results)
+    gen_tokens = sum(r.generated_tokens for r in results)
+    train_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for t in trajs for s in t.segments)
+    return StepRecord(
+        step=state.step, version=version, wall_s=state.rl_wall_s, rollout=rollout_metrics(trajs),
+        trajectories=len(trajs), dropped_stale=state.dropped_stale, kept_stale=state.kept_stale,
+        staleness_hist=dict(hist), staleness_max=max(hist) if hist else 0,
+        gen_tokens_per_s=gen_tokens / max(gen_s, 1e-9) * len(results),
+        train_tokens_per_s=train_tokens / max(train_s, 1e-9),
+        generate_s=gen_s, grade_s=sum(r.grade_s for r in results), train_s=train_s, publish_s=publish_s,
+        worker_busy_fraction=state.worker_busy_fraction(num_workers),
+        worker_failures=state.worker_failures, step_time_s=state.rl_wall_s - last_wall_s, train=train)
 
 
 class Run:
@@ -155,8 +156,12 @@ class Run:
         self.eval_engine = Engine(serving, load_tokenizer(init_checkpoint), cfg.engine, version=0)
         self.env = from_config(cfg.env, Sandbox(cfg.env.sandbox))
         self.heldout = self.env.sample_tasks(oc.heldout_tasks, oc.heldout_seed, True)
-        self.store = open_weight_publisher(cfg, run_dir / "weights")
+        self.store: WeightPublisher = open_weight_publisher(cfg, run_dir / "weights")
         self.state = RunState()
+        self.before: EvalRecord | None = None
+        """The evaluation before RL (this run's, or the resumed run's first)."""
+        self.rl_start = time.time()
+        """time.time() at which the RL phase began, moved back by a resumed run's RL wall time."""
         self._last_step_wall = 0.0
         self.worker_cls = worker_cls
         self.log = MetricsLog(run_dir / "metrics.jsonl")
@@ -171,7 +176,7 @@ class Run:
             save_checkpoint,
         )
 
-        extra = {"state": asdict(self.state), "rng": capture_rng_state(), "final": final}
+        extra = {"state": self.state.to_checkpoint(), "rng": capture_rng_state(), "final": final}
         return save_checkpoint(self.trainer, checkpoint_path(self.run_dir, self.state.step), extra)
 
     def restore(self) -> bool:
@@ -186,7 +191,7 @@ class Run:
         if path is None:
             return False
         extra = load_checkpoint(path, self.trainer)
-        self.state = RunState(**extra["state"])
+        self.state = RunState.from_checkpoint(extra["state"])
         restore_rng_state(extra["rng"])
         self._last_step_wall = self.state.rl_wall_s
         self.log.close()
@@ -196,16 +201,16 @@ class Run:
 
     # ------------------------------------------------------------------ the loop
 
-    def evaluate(self, label: str) -> dict:
+    def evaluate(self, label: str) -> EvalRecord:
         self.eval_engine.load_weights(self.trainer.model, self.trainer.version)
         result = heldout_pass1(self.eval_engine, self.env, self.heldout, self.cfg.harness,
                                self.cfg.orchestrator.eval_samples_per_task)
-        record = {"kind": "eval", "label": label, "step": self.state.step, "version": self.trainer.version,
-                  "wall_s": self.state.rl_wall_s, "heldout_pass1": result["pass1"],
-                  "pass1_by_level": result["pass1_by_level"], "reasons": result["reasons"]}
+        record = EvalRecord(label=label, step=self.state.step, version=self.trainer.version,
+                            wall_s=self.state.rl_wall_s, heldout_pass1=result["pass1"],
+                            pass1_by_level=result["pass1_by_level"], reasons=result["reasons"])
         self._write(record)
         self.state.evals.append(record)
-        return result
+        return record
 
     def make_pool(self):
         oc = self.cfg.orchestrator
@@ -217,13 +222,9 @@ class Run:
                            oc.cpus_per_worker)
         return LocalPool(lambda i: self.worker_cls(self.cfg, self.init_checkpoint, root, i), oc.num_workers)
 
-    def run(self) -> dict:
+    def run(self) -> RunSummary:
         resumed = self.state.step > 0
-        if not resumed:
-            self.before = self.evaluate("before")
-        else:
-            self.before = {"pass1": self.state.evals[0]["heldout_pass1"],
-                           "pass1_by_level": self.state.evals[0]["pass1_by_level"]}
+        self.before = self.state.evals[0] if resumed else self.evaluate("before")
         self.store.publish(self.trainer.model, self.trainer.version)
         pool = self.make_pool()
         try:
@@ -243,142 +244,101 @@ class Run:
         from tidal.telemetry.progress import progress_bar
 
         oc = self.cfg.orchestrator
-        start = time.time() - self.state.rl_wall_s
-        self.t0 = start
-        queue: deque[Assignment] = deque()
-        inflight: dict = {}
-        attempts: Counter = Counter()
-        results: dict[int, list[RolloutResult]] = {}
-        expected: dict[int, int] = {}
-        idle_since = {w: time.time() for w in range(oc.num_workers)}
-        next_plan, next_id = self.state.step, 0
+        self.rl_start = time.time() - self.state.rl_wall_s
+        sched = Scheduler(lambda step, first_id: plan_step(self.cfg, self.env, step, first_id),
+                          oc.num_workers, oc.steps, oc.max_staleness, self.state.step, time.time())
+        handles: dict = {}  # pool handle -> worker
         bar = progress_bar(oc.steps, "RL", self.progress)
         bar.update(self.state.step)
-        while self.state.step < oc.steps:
-            if time.time() - start >= oc.time_budget_s:
-                break
-            while next_plan < oc.steps and next_plan <= self.trainer.version + oc.max_staleness:
-                planned = plan_step(self.cfg, self.env, next_plan, next_id)
-                next_id += len(planned)
-                queue.extend(planned)
-                expected[next_plan] = len(planned)
-                results[next_plan] = []
-                next_plan += 1
-            busy = {w for w, _ in inflight.values()}
-            for w in range(oc.num_workers):
-                if queue and w not in busy:
-                    a = queue.popleft()
-                    self._worker_span(Span(w, "wait_backpressure", idle_since[w], time.time()))
-                    inflight[pool.submit(w, a)] = (w, a)
-            for handle in pool.wait(list(inflight), timeout=1.0):
-                w, a = inflight.pop(handle)
-                idle_since[w] = time.time()
-                try:
-                    res = pool.result(handle)
-                except Exception as e:  # a worker's failure of any kind: replace it, re-run its work
-                    self._worker_failed(pool, w, a, e, attempts, queue)
-                    continue
-                for span in res.spans:
-                    self._worker_span(span)
-                results[a.step].append(res)
-            if len(results.get(self.state.step, [])) == expected.get(self.state.step, -1):
-                record = self._train_step(results.pop(self.state.step), start)
-                bar.update(1)
-                bar.set_postfix(reward=f"{record['reward_mean']:.2f}", stale=self.state.max_staleness_seen,
-                                heldout=f"{self.state.evals[-1]['heldout_pass1']:.2f}", refresh=False)
-                if oc.eval_every and self.state.step % oc.eval_every == 0 and self.state.step < oc.steps:
-                    self.evaluate(f"step {self.state.step}")
-                if oc.checkpoint_every and self.state.step % oc.checkpoint_every == 0:
-                    self.save()
+        while self.state.step < oc.steps and time.time() - self.rl_start < oc.time_budget_s:
+            sched.plan(self.trainer.version)
+            for d in sched.dispatch(time.time()):
+                self._worker_span(d.waited)
+                handles[pool.submit(d.worker, d.assignment)] = d.worker
+            for handle in pool.wait(list(handles), timeout=1.0):
+                self._collect(pool, sched, handles.pop(handle), handle)
+            if sched.ready(self.state.step):
+                self._step_done(self._train_step(sched.take(self.state.step)), bar)
         bar.close()
-        self.state.rl_wall_s = time.time() - start
+        self.state.rl_wall_s = time.time() - self.rl_start
 
-    def _worker_failed(self, pool, w, a, error, attempts, queue) -> None:
-        attempts[a.assignment_id] += 1
-        self.state.worker_failures += 1
-        self._write({"kind": "worker_failure", "worker": w, "step": a.step, "assignment": a.assignment_id,
-                     "error": f"{type(error).__name__}: {error}"[:500], "wall_s": time.time() - self.t0})
-        if attempts[a.assignment_id] >= MAX_ATTEMPTS:
-            raise OrchestratorError(f"assignment {a.assignment_id} (step {a.step}) failed "
-                                    f"{MAX_ATTEMPTS} times; last error: {type(error).__name__}: {error}")
-        pool.replace(w)
-        queue.appendleft(a)
+    def _collect(self, pool, sched: Scheduler, worker: int, handle) -> None:
+        """A finished handle: its result to the scheduler, or, if the worker failed (raised, or its
+        actor died), a fresh worker and its assignment back in the queue."""
+        try:
+            res = pool.result(handle)
+        except Exception as e:  # a worker's failure of any kind: replace it, re-run its work
+            a = sched.running[worker]
+            self.state.worker_failures += 1
+            self._write(WorkerFailure(worker, a.step, a.assignment_id, f"{type(e).__name__}: {e}"[:500],
+                                      time.time() - self.rl_start))
+            sched.fail(worker, e, time.time())
+            pool.replace(worker)
+            return
+        sched.complete(worker, res, time.time())
+        for span in res.spans:
+            self._worker_span(span)
 
-    def _train_step(self, step_results: list[RolloutResult], start: float) -> dict:
+    def _step_done(self, record: StepRecord, bar) -> None:
+        """Progress, then the evaluation and checkpoint the config asks for after this step."""
+        oc = self.cfg.orchestrator
+        bar.update(1)
+        bar.set_postfix(reward=f"{record.rollout.reward_mean:.2f}", stale=self.state.max_staleness_seen,
+                        heldout=f"{self.state.evals[-1].heldout_pass1:.2f}", refresh=False)
+        if oc.eval_every and self.state.step % oc.eval_every == 0 and self.state.step < oc.steps:
+            self.evaluate(f"step {self.state.step}")
+        if oc.checkpoint_every and self.state.step % oc.checkpoint_every == 0:
+            self.save()
+
+    def _train_step(self, step_results: list[RolloutResult]) -> StepRecord:
+        """Gate, train and publish one step (its results ordered by assignment id); log its record."""
         oc = self.cfg.orchestrator
         t0 = time.perf_counter()
-        trajs = [t for r in sorted(step_results, key=lambda r: r.assignment_id) for t in r.trajectories]
+        trajs = [t for r in step_results for t in r.trajectories]
         trajs, hist = staleness_gate(trajs, self.trainer.version, oc.max_staleness, self.state, oc.keep_stale)
         trajs = complete_groups(trajs, oc.group_size)
-        train_metrics = self.trainer.step(Batch(trajs, self.trainer.version)).to_json() if trajs else {}
+        stats = self.trainer.step(Batch(trajs, self.trainer.version)) if trajs else None
         t1 = time.perf_counter()
         self.store.publish(self.trainer.model, self.trainer.version)
         t2 = time.perf_counter()
         self.state.step += 1
         self.state.trajectories += len(trajs)
-        self.state.rl_wall_s = time.time() - start
-        gen_tokens = sum(r.generated_tokens for r in step_results)
-        gen_s = sum(r.generate_s for r in step_results)
-        train_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for t in trajs for s in t.segments)
-        busy = sum(r.generate_s + r.grade_s for r in step_results)
-        self.state.busy_s += busy
-        record = {
-            "kind": "step", "step": self.state.step, "version": self.trainer.version,
-            "wall_s": self.state.rl_wall_s, **rollout_metrics(trajs),
-            "trajectories": len(trajs), "dropped_stale": self.state.dropped_stale,
-            "kept_stale": self.state.kept_stale,
-            "staleness_hist": {str(k): v for k, v in sorted(hist.items())},
-            "staleness_max": max(hist) if hist else 0,
-            "gen_tokens_per_s": gen_tokens / max(gen_s, 1e-9) * len(step_results),
-            "train_tokens_per_s": train_tokens / max(t1 - t0, 1e-9),
-            "generate_s": gen_s, "grade_s": sum(r.grade_s for r in step_results),
-            "train_s": t1 - t0, "publish_s": t2 - t1,
-            "worker_busy_fraction": self.state.worker_busy_fraction(oc.num_workers),
-            "worker_failures": self.state.worker_failures,
-            **{f"train/{k}": v for k, v in train_metrics.items()},
-        }
-        record["step_time_s"] = record["wall_s"] - self._last_step_wall
-        self._last_step_wall = record["wall_s"]
+        self.state.rl_wall_s = time.time() - self.rl_start
+        self.state.busy_s += sum(r.generate_s + r.grade_s for r in step_results)
+        record = step_record(self.state, self.trainer.version, step_results, trajs, hist, stats,
+                             t1 - t0, t2 - t1, oc.num_workers, self._last_step_wall)
+        self._last_step_wall = record.wall_s
         self._write(record)
         return record
 
     def _worker_span(self, span: Span) -> None:
         if span.end - span.start > 1e-3:
-            self._write({"kind": "worker", "worker": span.worker, "state": span.state,
-                         "start_s": span.start - self.t0, "end_s": span.end - self.t0})
+            self._write(WorkerSpan(span.worker, span.state, span.start - self.rl_start,
+                                   span.end - self.rl_start))
 
-    def _write(self, record: dict) -> None:
-        self.log.write(record)
+    def _write(self, record: StepRecord | EvalRecord | WorkerSpan | WorkerFailure) -> None:
+        """One metrics.jsonl line, mirrored to TensorBoard (which reads the same JSON form)."""
+        line = record.to_json()
+        self.log.write(line)
         if self.tb:
-            self.tb.write(record)
+            self.tb.write(line)
 
-    def summary(self, after: dict, final_checkpoint) -> dict:
-        oc, s = self.cfg.orchestrator, self.state
-        return {
-            "heldout_pass1_before": self.before["pass1"],
-            "heldout_pass1_after": after["pass1"],
-            "heldout_gain": after["pass1"] - self.before["pass1"],
-            "heldout_pass1_by_level_before": self.before["pass1_by_level"],
-            "heldout_pass1_by_level_after": after["pass1_by_level"],
-            "heldout_tasks": len(self.heldout),
-            "heldout_samples_per_task": oc.eval_samples_per_task,
-            "steps": s.step,
-            "trajectories": s.trajectories,
-            "dropped_stale": s.dropped_stale,
-            "kept_stale": s.kept_stale,
-            "max_staleness": oc.max_staleness,
-            "max_staleness_seen": s.max_staleness_seen,
-            "worker_busy_fraction": s.worker_busy_fraction(oc.num_workers),
-            "worker_failures": s.worker_failures,
-            "num_workers": oc.num_workers,
-            "backend": oc.backend,
-            "rl_wall_s": s.rl_wall_s,
-            "final_checkpoint": str(final_checkpoint),
-            "init_checkpoint": self.init_checkpoint,
-            "dtypes": self.cfg.dtype_choices(),
-            "cpu": cpu_facts().record(),
-            "numerics": numerics_record(self.cfg),
-        }
+    def summary(self, after: EvalRecord, final_checkpoint) -> RunSummary:
+        oc, s, before = self.cfg.orchestrator, self.state, self.before
+        return RunSummary(
+            heldout_pass1_before=before.heldout_pass1, heldout_pass1_after=after.heldout_pass1,
+            heldout_gain=after.heldout_pass1 - before.heldout_pass1,
+            heldout_pass1_by_level_before=before.pass1_by_level,
+            heldout_pass1_by_level_after=after.pass1_by_level,
+            heldout_tasks=len(self.heldout), heldout_samples_per_task=oc.eval_samples_per_task,
+            steps=s.step, trajectories=s.trajectories, dropped_stale=s.dropped_stale,
+            kept_stale=s.kept_stale, max_staleness=oc.max_staleness,
+            max_staleness_seen=s.max_staleness_seen,
+            worker_busy_fraction=s.worker_busy_fraction(oc.num_workers),
+            worker_failures=s.worker_failures, num_workers=oc.num_workers, backend=oc.backend,
+            rl_wall_s=s.rl_wall_s, final_checkpoint=str(final_checkpoint),
+            init_checkpoint=self.init_checkpoint, dtypes=self.cfg.dtype_choices(),
+            cpu=cpu_facts().record(), numerics=numerics_record(self.cfg))
 
 
 def numerics_record(cfg) -> dict:
@@ -401,7 +361,8 @@ def _tensorboard(run_dir: Path):
 
 
 def trim_metrics(path: Path, state: RunState) -> None:
-    """Forget what a killed run logged after its last checkpoint: those steps will run again."""
+    """Forget what a killed run logged after its last checkpoint: those steps will run again.
+    Reads the JSON form (StepRecord, EvalRecord, WorkerSpan, WorkerFailure) from disk."""
     keep = []
     for r in read_metrics(path):
         if r.get("kind") in ("step", "eval") and r.get("step", 0) > state.step:
@@ -415,7 +376,7 @@ def trim_metrics(path: Path, state: RunState) -> None:
 
 
 def run_rl(cfg: TidalConfig, run_dir: str | Path, init_checkpoint: str | Path, progress: bool = True,
-           resume: bool = False, worker_cls=RolloutWorker) -> dict:
+           resume: bool = False, worker_cls=RolloutWorker) -> RunSummary:
     """GRPO from ``init_checkpoint`` (or the run dir's last checkpoint when ``resume``)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -426,8 +387,7 @@ def run_rl(cfg: TidalConfig, run_dir: str | Path, init_checkpoint: str | Path, p
     return run.run()
 
 
-def write_summary(run_dir: str | Path, summary: dict) -> Path:
+def write_summary(run_dir: str | Path, summary: RunSummary) -> Path:
     path = Path(run_dir) / "summary.json"
-    write_json_atomic(path, summary)
+    write_json_atomic(path, summary.to_json())
     return path
-

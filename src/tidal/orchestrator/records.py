@@ -1,0 +1,294 @@
+"""What an RL run records, as typed dataclasses: metrics.jsonl lines, summary.json, RunState.
+
+    metrics.jsonl, one JSON object per line, by "kind":
+        "step"            StepRecord      one trained step (train/<key>: TrainStats; episode/<key>)
+        "eval"            EvalRecord      one held-out evaluation (before, every eval_every, after)
+        "worker"          WorkerSpan      a stretch of one worker's time (the report's timeline)
+        "worker_failure"  WorkerFailure   a worker that raised or died, and what it was running
+    summary.json          RunSummary      the run's result (``tidal train`` adds its wall times)
+    checkpoints           RunState        what the loop tracks across steps, so a resume continues
+
+``to_json()`` is exactly what is written: readers of finished runs (telemetry/report.py,
+plots.py, tensorboard.py, ``trim_metrics`` on resume, users' scripts) read these names from disk,
+so tests/test_records.py pins every key. Times named ``*_s`` are seconds; ``wall_s``,
+``start_s`` and ``end_s`` count from the start of the RL phase (a resumed run continues the count).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from tidal.trainer.stats import TrainStats
+from tidal.types import Trajectory
+
+
+def _plain(record, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The record's fields by name, one level deep (no copies, unlike dataclasses.asdict)."""
+    return {f.name: getattr(record, f.name) for f in fields(record) if f.name not in skip}
+
+
+@dataclass
+class EpisodeMeans:
+    """Harness statistics (Trajectory.episode) averaged over a step's trained trajectories;
+    written as ``episode/<name>``."""
+
+    turns: float
+    """Model turns per episode."""
+    resets: float
+    """Context resets per episode."""
+    effective_horizon: float
+    """Transcript tokens over the context window, per episode (> 1: outgrew its window)."""
+    summary_tokens_mean: float
+    """Mean summary length per episode (tokens)."""
+    tool_errors: float
+    """Tool errors per episode."""
+
+    @classmethod
+    def of(cls, trajs: list[Trajectory]) -> EpisodeMeans | None:
+        """None for a step that trained nothing."""
+        if not trajs:
+            return None
+        return cls(**{f.name: sum(getattr(t.episode, f.name) for t in trajs) / len(trajs)
+                      for f in fields(cls)})
+
+
+@dataclass
+class RolloutMetrics:
+    """The rewards and episodes of a step's trained trajectories (0.0 when there are none)."""
+
+    reward_mean: float
+    """Mean reward."""
+    reward_std: float
+    """Sample standard deviation of the reward (0.0 with fewer than 2 trajectories)."""
+    pass_rate: float
+    """Fraction of trajectories that solved their task, in [0, 1]."""
+    reasons: dict[str, int]
+    """Trajectories by Trajectory.reason ("pass", "wrong_answer", "turn_budget", ...)."""
+    episode: EpisodeMeans | None
+    """Harness statistics per episode; None (no episode/ keys) when nothing was trained."""
+
+    def to_json(self) -> dict[str, Any]:
+        out = _plain(self, skip=("episode",))
+        if self.episode is not None:
+            out |= {f"episode/{k}": v for k, v in _plain(self.episode).items()}
+        return out
+
+
+@dataclass
+class StepRecord:
+    """One trained step: its rollouts, staleness, throughput, times and the trainer's statistics."""
+
+    step: int
+    """Steps trained so far, this one included (1 = the first)."""
+    version: int
+    """The trainer's policy version after this step."""
+    wall_s: float
+    """RL wall time when the step was published."""
+    rollout: RolloutMetrics
+    """Rewards and episode statistics (written at the top level: reward_mean, ..., episode/*)."""
+    trajectories: int
+    """Trajectories trained in this step (after the staleness gate and whole-group filter)."""
+    dropped_stale: int
+    """Trajectories dropped as too stale so far in the run."""
+    kept_stale: int
+    """Trajectories over the bound kept for the off-policy loss so far (orchestrator.keep_stale)."""
+    staleness_hist: dict[int, int]
+    """Trained trajectories by staleness (trainer version − oldest token version); JSON keys are
+    strings."""
+    staleness_max: int
+    """Largest staleness trained in this step (0 when nothing was trained)."""
+    gen_tokens_per_s: float
+    """Generated tokens per second of engine time, times the step's assignments (the workers'
+    combined generation rate)."""
+    train_tokens_per_s: float
+    """Trained tokens (prompt + completion of every segment) per second of train_s."""
+    generate_s: float
+    """Seconds inside engine steps, summed over the step's assignments."""
+    grade_s: float
+    """The rest of the rollouts' wall time (environment, tools, grading), summed likewise."""
+    train_s: float
+    """Seconds of the gate and the trainer's optimizer step."""
+    publish_s: float
+    """Seconds to publish the new weights."""
+    worker_busy_fraction: float
+    """Generating + grading time over the workers' combined RL wall time, so far, in [0, 1]."""
+    worker_failures: int
+    """Worker failures so far in the run."""
+    step_time_s: float
+    """RL wall time since the previous step (or the start)."""
+    train: TrainStats | None
+    """The trainer's statistics, written as ``train/<key>``; None when nothing was trained."""
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"kind": "step", **_plain(self, skip=("rollout", "staleness_hist", "train"))}
+        out |= self.rollout.to_json()
+        out["staleness_hist"] = {str(k): n for k, n in sorted(self.staleness_hist.items())}
+        if self.train is not None:
+            out |= {f"train/{k}": v for k, v in self.train.to_json().items()}
+        return out
+
+
+@dataclass
+class EvalRecord:
+    """One held-out pass@1 measurement on the run's fixed held-out tasks."""
+
+    label: str
+    """"before" (RL), "step <n>" (every eval_every steps) or "after"."""
+    step: int
+    """Steps trained when it was measured."""
+    version: int
+    """The policy version measured."""
+    wall_s: float
+    """RL wall time when it was measured."""
+    heldout_pass1: float
+    """Fraction of held-out samples that solved their task, in [0, 1]."""
+    pass1_by_level: dict[int, float]
+    """heldout_pass1 per task level, where the environment reports levels (JSON keys are strings)."""
+    reasons: dict[str, int]
+    """Held-out samples by Trajectory.reason."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "eval", **_plain(self)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> EvalRecord:
+        """From ``to_json()`` or ``asdict`` (a checkpoint's RunState; older ones hold the JSON)."""
+        by_level = {int(k): v for k, v in d["pass1_by_level"].items()}
+        return cls(**{**{k: v for k, v in d.items() if k != "kind"}, "pass1_by_level": by_level})
+
+
+@dataclass
+class WorkerSpan:
+    """A stretch of one rollout worker's time, as the report's worker timeline draws it."""
+
+    worker: int
+    """The worker's index in the pool."""
+    state: str
+    """"busy" (generating and grading), "wait_weights" or "wait_backpressure"."""
+    start_s: float
+    """Start, in RL wall time."""
+    end_s: float
+    """End, in RL wall time."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "worker", **_plain(self)}
+
+
+@dataclass
+class WorkerFailure:
+    """A worker that raised or died; the worker is replaced and the assignment re-run."""
+
+    worker: int
+    """The worker's index in the pool."""
+    step: int
+    """The training step of the assignment it was running."""
+    assignment: int
+    """That assignment's id."""
+    error: str
+    """``<ExceptionType>: <message>``, cut to 500 characters."""
+    wall_s: float
+    """RL wall time when the failure was seen."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "worker_failure", **_plain(self)}
+
+
+@dataclass
+class RunSummary:
+    """summary.json: a run's result. ``run_rl`` fills the run's fields; ``tidal train`` adds the
+    last four (None otherwise; wall_s also None for a resumed run, whose start is unknown)."""
+
+    heldout_pass1_before: float
+    """Held-out pass@1 before RL."""
+    heldout_pass1_after: float
+    """Held-out pass@1 after RL."""
+    heldout_gain: float
+    """after − before (a fraction; × 100 for points)."""
+    heldout_pass1_by_level_before: dict[int, float]
+    """Before RL, per task level (JSON keys are strings)."""
+    heldout_pass1_by_level_after: dict[int, float]
+    """After RL, per task level."""
+    heldout_tasks: int
+    """Held-out tasks measured."""
+    heldout_samples_per_task: int
+    """Samples per held-out task (orchestrator.eval_samples_per_task)."""
+    steps: int
+    """Steps trained."""
+    trajectories: int
+    """Trajectories trained."""
+    dropped_stale: int
+    """Trajectories dropped as too stale."""
+    kept_stale: int
+    """Trajectories over the bound kept for the off-policy loss."""
+    max_staleness: int
+    """The bound (orchestrator.max_staleness)."""
+    max_staleness_seen: int
+    """The largest staleness trained."""
+    worker_busy_fraction: float
+    """Generating + grading time over the workers' combined RL wall time, in [0, 1]."""
+    worker_failures: int
+    """Worker failures (each replaced, its assignment re-run)."""
+    num_workers: int
+    """Rollout workers (orchestrator.num_workers)."""
+    backend: str
+    """Where workers ran: "local" (threads) or "ray"."""
+    rl_wall_s: float
+    """Wall time of the RL phase (without the held-out evaluations after it)."""
+    final_checkpoint: str
+    """The final checkpoint's folder."""
+    init_checkpoint: str
+    """The checkpoint RL started from."""
+    dtypes: dict[str, Any]
+    """Each dtype setting as requested and as resolved on this machine (TidalConfig.dtype_choices)."""
+    cpu: dict[str, Any]
+    """The machine's CPU facts (tidal.hardware.cpu_facts)."""
+    numerics: dict[str, Any]
+    """engine.numerics and, when deterministic, the op paths the probe chose (numerics_record)."""
+    pretrain_s: float | None = None
+    """Seconds of mid-training (0 when a cached model was reused); set by ``tidal train``."""
+    wall_s: float | None = None
+    """Seconds of the whole ``tidal train`` (from before mid-training); None when resumed."""
+    plot: str | None = None
+    """Path of the reward plot (reward.png); set by ``tidal train``."""
+    report: str | None = None
+    """Path of the HTML report (report.html); set by ``tidal train``."""
+
+    def to_json(self) -> dict[str, Any]:
+        return _plain(self)
+
+
+@dataclass
+class RunState:
+    """What the loop tracks across steps; saved in every checkpoint so a resumed run continues."""
+
+    step: int = 0
+    """Steps trained."""
+    trajectories: int = 0
+    """Trajectories trained."""
+    dropped_stale: int = 0
+    """Trajectories dropped as too stale."""
+    kept_stale: int = 0
+    """Trajectories over the bound kept for the off-policy loss."""
+    max_staleness_seen: int = 0
+    """The largest staleness trained."""
+    worker_failures: int = 0
+    """Worker failures."""
+    rl_wall_s: float = 0.0
+    """RL wall time so far."""
+    busy_s: float = 0.0
+    """Generating + grading seconds, summed over workers."""
+    evals: list[EvalRecord] = field(default_factory=list)
+    """Every held-out evaluation so far, "before" first."""
+
+    def worker_busy_fraction(self, num_workers: int) -> float:
+        """Generating + grading time over the workers' combined RL wall time."""
+        return self.busy_s / max(self.rl_wall_s * num_workers, 1e-9)
+
+    def to_checkpoint(self) -> dict[str, Any]:
+        """Plain data (no tidal classes), so a checkpoint loads whatever this module becomes."""
+        return {**_plain(self, skip=("evals",)), "evals": [_plain(e) for e in self.evals]}
+
+    @classmethod
+    def from_checkpoint(cls, d: dict[str, Any]) -> RunState:
+        return cls(**{**d, "evals": [EvalRecord.from_json(e) for e in d["evals"]]})
