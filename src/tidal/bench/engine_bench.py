@@ -90,43 +90,8 @@ def _run(preset, batch_sizes, new_tokens, json_path, prompt_len, runs, seed, num
         save_pretrained(model, folder)
         hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
-    rows = []
-    for batch in batch_sizes:
-        prompts = torch.randint(0, 256, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
-        engine = Engine(model, tokenizer, EngineConfig(
-            max_batch_size=batch, max_seq_len=prompt_len + new_tokens + 1,
-            max_new_tokens=new_tokens, temperature=0.0, stop=[], seed=seed, numerics=numerics,
-        ))
-        requests = [GenerationRequest(p, ignore_eos=True) for p in prompts.tolist()]
-
-        def tidal_run() -> list[list[int]]:
-            return [r.token_ids for r in engine.generate(requests)]
-
-        @torch.inference_mode()
-        def hf_run() -> list[list[int]]:
-            out = hf_model.generate(
-                prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens, do_sample=False, use_cache=True,
-                pad_token_id=tokenizer.pad_id, eos_token_id=tokenizer.eos_id,
-            )
-            return out[:, prompt_len:].tolist()
-
-        tidal_tokens, hf_tokens = tidal_run(), hf_run()  # warm-up
-        tidal_s, hf_s = [], []
-        for _ in range(runs):
-            tidal_s.append(_seconds(tidal_run))
-            hf_s.append(_seconds(hf_run))
-        generated = batch * new_tokens
-        tidal_rate = generated / statistics.median(tidal_s)
-        hf_rate = generated / statistics.median(hf_s)
-        rows.append({
-            "batch": batch,
-            "tidal_tok_s": round(tidal_rate, 1),
-            "hf_tok_s": round(hf_rate, 1),
-            "ratio": round(tidal_rate / hf_rate, 2),
-            "greedy_match": sum(a == b for a, b in zip(tidal_tokens, hf_tokens)) / batch,
-        })
-
+    rows = [_measure(model, hf_model, tokenizer, batch, prompt_len, new_tokens, runs, seed, numerics)
+            for batch in batch_sizes]
     result = {
         "preset": preset, "numerics": numerics, "new_tokens": new_tokens, "prompt_len": prompt_len, "runs": runs,
         "threads": torch.get_num_threads(), "torch": torch.__version__,
@@ -136,6 +101,45 @@ def _run(preset, batch_sizes, new_tokens, json_path, prompt_len, runs, seed, num
     if json_path is not None:
         write_json(json_path, result)
     return result
+
+
+def _measure(model, hf_model, tokenizer, batch, prompt_len, new_tokens, runs, seed, numerics) -> dict:
+    """One batch size: both sides on the same random prompts, warmed up, then ``runs``
+    alternating timed runs -> the table row."""
+    prompts = torch.randint(0, 256, (batch, prompt_len), generator=torch.Generator().manual_seed(seed))
+    engine = Engine(model, tokenizer, EngineConfig(
+        max_batch_size=batch, max_seq_len=prompt_len + new_tokens + 1,
+        max_new_tokens=new_tokens, temperature=0.0, stop=[], seed=seed, numerics=numerics,
+    ))
+    requests = [GenerationRequest(p, ignore_eos=True) for p in prompts.tolist()]
+
+    def tidal_run() -> list[list[int]]:
+        return [r.token_ids for r in engine.generate(requests)]
+
+    @torch.inference_mode()
+    def hf_run() -> list[list[int]]:
+        out = hf_model.generate(
+            prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens, do_sample=False, use_cache=True,
+            pad_token_id=tokenizer.pad_id, eos_token_id=tokenizer.eos_id,
+        )
+        return out[:, prompt_len:].tolist()
+
+    tidal_tokens, hf_tokens = tidal_run(), hf_run()  # warm-up
+    tidal_s, hf_s = [], []
+    for _ in range(runs):
+        tidal_s.append(_seconds(tidal_run))
+        hf_s.append(_seconds(hf_run))
+    generated = batch * new_tokens
+    tidal_rate = generated / statistics.median(tidal_s)
+    hf_rate = generated / statistics.median(hf_s)
+    return {
+        "batch": batch,
+        "tidal_tok_s": round(tidal_rate, 1),
+        "hf_tok_s": round(hf_rate, 1),
+        "ratio": round(tidal_rate / hf_rate, 2),
+        "greedy_match": sum(a == b for a, b in zip(tidal_tokens, hf_tokens)) / batch,
+    }
 
 
 def _seconds(fn) -> float:
