@@ -210,16 +210,6 @@ def trainer_metrics(model: CausalLM, mode: str, waves: list[Wave], sync, out: di
               f"max|Δ| {m['max_abs_logprob_diff']:.3g}  KL {m['kl_k3']:.3g}  flips {m['flip_rate']:.4f}")
 
 
-@torch.inference_mode()
-def run_mode(model: CausalLM, mode: str, waves_spec, seed: int, sync, result: dict) -> None:
-    """One mode on its own: warm-up, one timed round, trainer passes -> result[mode]."""
-    warm_up(model, mode, waves_spec, seed, sync)
-    waves, timing = engine_round(model, mode, waves_spec, seed, sync)
-    out = result.setdefault(mode, {})
-    record_engine(out, waves, [timing], mode)
-    trainer_metrics(model, mode, waves, sync, out)
-
-
 def warm_up(model: CausalLM, mode: str, waves_spec, seed: int, sync) -> None:
     """Untimed: a small wave (compiles kernels, warms cuBLAS and the allocator), one decode step
     at the largest batch, and a trainer pass."""
