@@ -14,7 +14,7 @@ from tidal.env import OBS_OPEN, format_call, load_environment
 from tidal.harness import HarnessConfig, run_episodes
 from tidal.model import ByteTokenizer, build_model, preset
 from tidal.sandbox import Sandbox, SandboxConfig
-from tidal.tasks import family
+from tidal.envs.funcs import tasks as family
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +27,7 @@ def sandbox():
 def test_the_docs_list_the_example_verbatim():
     doc = (ROOT / "docs/environments.md").read_text()
     listing = re.search(r"<!-- fixit.py -->\n```python\n(.*?)```", doc, re.S).group(1)
-    assert listing == (ROOT / "src/tidal/env/examples/fixit.py").read_text()
+    assert listing == (ROOT / "src/tidal/envs/fixit/environment.py").read_text()
 
 
 def test_tasks_are_deterministic_and_splits_disjoint():

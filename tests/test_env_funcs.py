@@ -10,7 +10,8 @@ from tidal.env import from_config
 from tidal.harness import run_episodes
 from tidal.model import ByteTokenizer, build_model, preset
 from tidal.sandbox import Sandbox
-from tidal.tasks import family, grade_many
+from tidal.envs.funcs import tasks as family
+from tidal.envs.funcs.grader import grade_many
 
 
 @pytest.fixture(scope="module")

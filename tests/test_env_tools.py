@@ -190,9 +190,9 @@ def test_rubric_weights_and_parts():
 
 
 def test_registry_loads_builtins_and_module_paths_and_names_unknowns():
-    spec = load_environment("funcs", sandbox=None, config=__import__("tidal.tasks.config").tasks.config.EnvConfig())
+    spec = load_environment("funcs", sandbox=None, config=__import__("tidal.env.config").env.config.EnvConfig())
     assert isinstance(spec, EnvironmentSpec) and spec.name == "funcs"
-    by_path = load_environment("tidal.env.examples.fixit", sandbox=None, max_level=1)
+    by_path = load_environment("tidal.envs.fixit", sandbox=None, max_level=1)
     assert by_path.name == "fixit" and all(t.tests.level == 1 for t in by_path.sample_tasks(4, 0, False))
     for unknown in ("no_such_env_anywhere", "tidal.env.no_such_module"):
         with pytest.raises(UnknownEnvironment, match="not a known environment"):

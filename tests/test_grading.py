@@ -4,7 +4,8 @@ import pytest
 
 from tidal.config import load_config
 from tidal.sandbox import Sandbox
-from tidal.tasks import grade_many, sample_tasks
+from tidal.envs.funcs.grader import grade_many
+from tidal.envs.funcs.tasks import sample_tasks
 
 
 @pytest.fixture(scope="module")

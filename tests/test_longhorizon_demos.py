@@ -6,9 +6,9 @@ from tidal.bench.horizon_bench import harness_for
 from tidal.env.toolcall import CALL_CLOSE, CALL_OPEN
 from tidal.harness.episode import SUMMARY_CLOSE, SUMMARY_OPEN
 from tidal.model.tokenizer import ByteTokenizer
-from tidal.tasks.longhorizon import parse_code, sample_tasks
-from tidal.tasks.longhorizon_config import LedgerConfig
-from tidal.tasks.longhorizon_demos import (demo_rows, demo_segments, informative, play_expert,
+from tidal.envs.ledger.tasks import parse_code, sample_tasks
+from tidal.envs.ledger.config import LedgerConfig
+from tidal.envs.ledger.demos import (demo_rows, demo_segments, informative, play_expert,
                                            read_context, segment_text)
 
 WINDOW = 384

@@ -6,14 +6,14 @@ import random
 
 import pytest
 
-from tidal.env.longhorizon import NO_MORE_FILES, PARTIAL_CREDIT, load_environment
+from tidal.envs.ledger.environment import NO_MORE_FILES, PARTIAL_CREDIT, load_environment
 from tidal.env.toolcall import format_call
 from tidal.sandbox import Sandbox
 from tidal.sandbox.config import SandboxConfig
-from tidal.tasks.family import canonical, evaluate, is_heldout
-from tidal.tasks.longhorizon import (NO_STEPS, LedgerExpert, body_text, code_text, parse_code,
+from tidal.envs.funcs.tasks import canonical, evaluate, is_heldout
+from tidal.envs.ledger.tasks import (NO_STEPS, LedgerExpert, body_text, code_text, parse_code,
                                      parse_steps, sample_tasks, slipped)
-from tidal.tasks.longhorizon_config import LedgerConfig
+from tidal.envs.ledger.config import LedgerConfig
 
 CFG = LedgerConfig(num_files=12)
 

@@ -1,8 +1,8 @@
 """The "funcs" task family: determinism, the held-out split, the corpus, reference solutions."""
 
 from tidal.config import load_config
-from tidal.tasks import build_corpus, sample_tasks
-from tidal.tasks.family import canonical, evaluate, is_heldout
+from tidal.envs.funcs.tasks import build_corpus, sample_tasks
+from tidal.envs.funcs.tasks import canonical, evaluate, is_heldout
 
 
 def test_deterministic_from_seed():

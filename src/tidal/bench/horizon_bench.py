@@ -3,7 +3,7 @@
     tidal bench horizon --json horizon.json                 # ~28 min on 2 CPU cores
     tidal bench horizon --quick --json horizon.json         # smaller budgets (QUICK; not timed)
 
-On the "ledger" family (tidal.tasks.longhorizon: the steps of f are read early, in files many
+On the "ledger" family (tidal.envs.ledger: the steps of f are read early, in files many
 context windows before f is written), at each context window W:
 
     drill + mid-train once (cached) ──> model before RL ──┬─> eval, summarize mode ──> before_rl
@@ -14,7 +14,7 @@ context windows before f is written), at each context window W:
 The peer is plain truncation: the harness's sliding window (keep the head and the newest turns)
 with the same model, the same mid-training, the same RL algorithm and the same wall-clock budget.
 Mid-training is next-token prediction of the scripted expert's turns and summaries in its
-episodes, in the harness's own token format (tidal.tasks.longhorizon_demos): first a drill at a
+episodes, in the harness's own token format (tidal.envs.ledger.demos): first a drill at a
 small window (one file per context, so a summary to copy every ~200 tokens), then the compared
 windows. Without the drill, 10 minutes on the compared windows taught the model to carry each
 step's operator but not its constant (success 0.00-0.12); with 5 + 5 minutes it carries both
@@ -133,7 +133,7 @@ def harness_for(window: int, mode: str, max_turns: int = 10_000, max_tokens: int
     from tidal.env.toolcall import format_call
     from tidal.harness import HarnessConfig
     from tidal.harness.episode import SUMMARY_CLOSE
-    from tidal.tasks.longhorizon import longest_code
+    from tidal.envs.ledger.tasks import longest_code
 
     code = longest_code(max_ops)
     return HarnessConfig(context_window=window, context_mode=mode, summary_trigger=0.95,
@@ -147,7 +147,7 @@ def ledger_for(window: int, horizon: float, slip_rate: float):
     """A LedgerConfig whose expert episodes are at least ``horizon`` windows long at ``window``:
     the file count is scaled from a first guess by the expert's measured horizon, then grown
     until every probe episode is long enough."""
-    from tidal.tasks.longhorizon_config import LedgerConfig
+    from tidal.envs.ledger.config import LedgerConfig
 
     files = math.ceil(horizon * window / 110)
     for _ in range(20):
@@ -161,8 +161,8 @@ def ledger_for(window: int, horizon: float, slip_rate: float):
 
 def expert_stats(cfg, window: int, n: int = 8) -> dict:
     """The slip-free expert on ``n`` training tasks: per-episode horizon, tokens, resets."""
-    from tidal.tasks.longhorizon import sample_tasks
-    from tidal.tasks.longhorizon_demos import play_expert
+    from tidal.envs.ledger.tasks import sample_tasks
+    from tidal.envs.ledger.demos import play_expert
 
     results = play_expert(sample_tasks(cfg, n, 7, False), window, 0.0, 0,
                           harness_for(window, "summarize", max_ops=cfg.max_ops))
@@ -177,7 +177,7 @@ def expert_success(spec, tasks, setup: "WindowSetup", mode: str) -> float:
     """The slip-free scripted expert's success on ``tasks`` in ``mode``, graded like the model:
     the family's ceiling with summaries, and what a perfect reader keeps through a sliding
     window (nothing: the steps are read windows before f is written)."""
-    from tidal.tasks.longhorizon_demos import play_expert
+    from tidal.envs.ledger.demos import play_expert
 
     results = play_expert(tasks, setup.window, 0.0, 0, setup.harness(mode), env=spec.make)
     return sum(r.reward >= 1.0 for r in results) / len(results)
@@ -225,7 +225,7 @@ def midtrain_key(bc: HorizonBenchConfig, setups: list[WindowSetup]) -> str:
     """Hashes what makes the mid-trained model: the demonstrations' settings and the model and
     pretrain sections ``tidal_config`` builds (all of them, as tidal.pretrain.cache does)."""
     from tidal.pretrain.cache import NOT_HASHED
-    from tidal.tasks import longhorizon
+    from tidal.envs.ledger import tasks as longhorizon
 
     cfg = tidal_config(bc)
     what = {"bench": bc.model_dump(include={"windows", "horizon", "demo_episodes", "slip_rate", "seed",
@@ -252,7 +252,7 @@ def midtrain(bc: HorizonBenchConfig, setups: list[WindowSetup], progress: bool) 
     staging = root.parent / f".{root.name}.tmp-{uuid.uuid4().hex[:8]}"
     facts = {}
     if bc.drill_s > 0:
-        from tidal.tasks.longhorizon_config import LedgerConfig
+        from tidal.envs.ledger.config import LedgerConfig
 
         drill = LedgerConfig(num_files=bc.drill_files, summary_slip_rate=bc.slip_rate)
         episodes = max(1, bc.demo_episodes // 2)
@@ -277,7 +277,7 @@ def _midtrain_stage(cfg, out: Path, windows: list, episodes: int, seed: int, pro
     window, harness) in ``windows``; the model lands in ``out``. Returns the stage's facts."""
     from tidal.model.tokenizer import ByteTokenizer
     from tidal.pretrain.loop import METRICS_FILE, pretrain
-    from tidal.tasks.longhorizon_demos import demo_rows, demo_segments
+    from tidal.envs.ledger.demos import demo_rows, demo_segments
 
     t0 = time.perf_counter()
     segments = []
@@ -353,7 +353,7 @@ def evaluate(policy: Policy, spec, tasks, harness) -> dict:
 
 
 def run_window(model_dir: Path, setup: WindowSetup, bc: HorizonBenchConfig, sandbox, log) -> dict:
-    from tidal.env.longhorizon import load_environment
+    from tidal.envs.ledger.environment import load_environment
 
     cfg = tidal_config(bc).model_copy()
     cfg.engine.max_seq_len = setup.window

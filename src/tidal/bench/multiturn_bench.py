@@ -31,7 +31,7 @@ def rollout(model, window: int, episodes: int, prefix_cache: bool, numerics: str
     from tidal.bench.horizon_bench import HorizonBenchConfig, WindowSetup
     from tidal.engine.config import EngineConfig
     from tidal.engine.engine import Engine
-    from tidal.env.longhorizon import load_environment
+    from tidal.envs.ledger.environment import load_environment
     from tidal.harness import run_episodes
     from tidal.model.tokenizer import ByteTokenizer
     from tidal.sandbox import Sandbox

@@ -18,7 +18,7 @@ from tidal.model.config import ModelConfig
 from tidal.orchestrator.config import OrchestratorConfig
 from tidal.pretrain.config import PretrainConfig
 from tidal.sync.config import SyncConfig
-from tidal.tasks.config import EnvConfig
+from tidal.env.config import EnvConfig
 from tidal.trainer.config import TrainerConfig
 
 

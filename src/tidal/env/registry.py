@@ -23,9 +23,9 @@ from tidal.errors import UserError
 ENTRY_POINT_GROUP = "tidal.environments"
 
 ENVIRONMENTS: dict[str, str] = {
-    "funcs": "tidal.env.funcs",
-    "fixit": "tidal.env.examples.fixit",
-    "ledger": "tidal.env.longhorizon",  # the long-horizon family (horizon engineer)
+    "funcs": "tidal.envs.funcs",
+    "fixit": "tidal.envs.fixit",
+    "ledger": "tidal.envs.ledger",  # the long-horizon family (horizon engineer)
 }
 """Built-in environments: name -> module exposing load_environment."""
 

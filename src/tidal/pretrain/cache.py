@@ -88,6 +88,6 @@ def _generator_version(cfg) -> int | None:
     """Bumped by a task family whenever its corpus text changes, so old caches are not reused."""
     if cfg.pretrain.corpus:
         return None
-    from tidal.tasks import family
+    from tidal.envs.funcs import tasks as family
 
     return family.GENERATOR_VERSION

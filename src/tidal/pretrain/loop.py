@@ -200,7 +200,7 @@ def corpus_documents(cfg) -> list[str]:
     """pretrain.corpus files if set, else the task family's built-in generator (training split)."""
     if cfg.pretrain.corpus:
         return load_corpus(cfg.pretrain.corpus)
-    from tidal.tasks import build_corpus  # lazy: the task family pulls in the sandbox
+    from tidal.envs.funcs.tasks import build_corpus  # lazy: the task family pulls in the sandbox
 
     return build_corpus(cfg.env, cfg.pretrain.corpus_docs, cfg.orchestrator.seed)
 

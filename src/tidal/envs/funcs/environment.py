@@ -13,9 +13,9 @@ import threading
 from tidal.env.base import Environment, StepResult
 from tidal.env.spec import EnvironmentSpec
 from tidal.env.tools import run_blocking
-from tidal.tasks import family
-from tidal.tasks.family import Task
-from tidal.tasks.grading import grade_many
+from tidal.envs.funcs import tasks as family
+from tidal.envs.funcs.tasks import Task
+from tidal.envs.funcs.grader import grade_many
 
 
 class FuncsEnvironment(Environment):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
-from tidal.tasks.family import Task
+from tidal.envs.funcs.tasks import Task
 
 HARNESS = """\
 import sys

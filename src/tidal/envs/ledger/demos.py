@@ -29,15 +29,15 @@ import torch
 
 from tidal.engine.config import EngineConfig
 from tidal.engine.request import GenerationRequest, GenerationResult
-from tidal.env.longhorizon import NO_MORE_FILES, LedgerEnvironment
+from tidal.envs.ledger.environment import NO_MORE_FILES, LedgerEnvironment
 from tidal.env.rubric import Rubric
 from tidal.env.toolcall import OBS_CLOSE, OBS_OPEN, format_call
 from tidal.harness.config import HarnessConfig
 from tidal.harness.episode import SUMMARY_CLOSE, SUMMARY_OPEN, Episode
 from tidal.model.tokenizer import ByteTokenizer
-from tidal.tasks import longhorizon as family
-from tidal.tasks.longhorizon import LedgerTask
-from tidal.tasks.longhorizon_config import LedgerConfig
+from tidal.envs.ledger import tasks as family
+from tidal.envs.ledger.tasks import LedgerTask
+from tidal.envs.ledger.config import LedgerConfig
 from tidal.types import Segment
 
 def read_context(context: str) -> tuple[str | None, list[str]]:

@@ -1,6 +1,6 @@
 """The long-horizon environment "ledger": read many small files, then write f from what they said.
 
-The task family, its expert and its demonstrations live in ``tidal.tasks.longhorizon*``; this
+The task family, its expert and its demonstrations live in ``tidal.envs.ledger``; this
 module is the tool environment the harness drives. Two tools:
 
     next_file()          the next file of the repository ("no more files" after the last)
@@ -19,10 +19,10 @@ from tidal.env.rubric import Rubric
 from tidal.env.spec import EnvironmentSpec
 from tidal.env.tool_env import ToolEnvironment
 from tidal.env.tools import run_blocking
-from tidal.tasks import longhorizon as family
-from tidal.tasks.grading import grade_many
-from tidal.tasks.longhorizon import LedgerTask
-from tidal.tasks.longhorizon_config import LedgerConfig
+from tidal.envs.ledger import tasks as family
+from tidal.envs.funcs.grader import grade_many
+from tidal.envs.ledger.tasks import LedgerTask
+from tidal.envs.ledger.config import LedgerConfig
 
 NO_MORE_FILES = "no more files"
 PARTIAL_CREDIT = 0.5
@@ -31,7 +31,7 @@ PARTIAL_CREDIT = 0.5
 
 def file_observation(task: LedgerTask, index: int) -> str:
     """What next_file shows for file ``index``: its name and text (no position: that would put
-    digits in every observation, see tidal.tasks.longhorizon)."""
+    digits in every observation, see tidal.envs.ledger.tasks)."""
     return f"{family.file_name(index)}\n{task.files[index]}"
 
 

@@ -17,8 +17,8 @@ import random
 from dataclasses import dataclass
 
 from tidal.env import EnvironmentSpec, Rubric, ToolEnvironment, ToolError
-from tidal.tasks import family
-from tidal.tasks.grading import grade_many
+from tidal.envs.funcs import tasks as family
+from tidal.envs.funcs.grader import grade_many
 
 MAX_FILE_CHARS = 2000
 

@@ -38,8 +38,8 @@ import itertools
 import random
 from dataclasses import dataclass
 
-from tidal.tasks.family import CONST_RANGE, OP_BY_NAME, OPS, Task, _slip, canonical, evaluate, split_specs
-from tidal.tasks.longhorizon_config import LedgerConfig
+from tidal.envs.funcs.tasks import CONST_RANGE, OP_BY_NAME, OPS, Task, _slip, canonical, evaluate, split_specs
+from tidal.envs.ledger.config import LedgerConfig
 
 GENERATOR_VERSION = 5
 """Bump whenever task text, the expert or the demonstrations change (pretrain cache key)."""

@@ -1,0 +1,5 @@
+"""The example environment "fixit" (see environment.py)."""
+
+from tidal.envs.fixit.environment import load_environment
+
+__all__ = ["load_environment"]
