@@ -134,6 +134,7 @@ BAD_CALLS = [
     ("bad_args", '<call>{"put": {"name": "a", "value": "1"}}</call>'),
     ("bad_args", '<call>{"put": {"name": "a"}}</call>'),
     ("bad_args", '<call>{"put": {"name": "a", "value": 1, "extra": 2}}</call>'),
+    ("bad_args", '<call>{"put": {"self": 0, "name": "a", "value": 1}}</call>'),  # tools are bound once
     ("too_long", '<call>{"put": {"name": "' + "a" * 300 + '", "value": 1}}</call>'),
     ("tool_error", '<call>{"get": {"name": "missing"}}</call>'),
     ("timeout", '<call>{"slow": {}}</call>'),
