@@ -55,6 +55,7 @@ from pydantic import Field  # noqa: E402
 
 import tidal  # noqa: E402
 from tidal.bench.common import write_json  # noqa: E402
+from tidal.envs.ledger.demos import harness_for  # noqa: E402  (the family's harness settings)
 from tidal.section import Section  # noqa: E402
 
 MODES = ("summarize", "truncate")
@@ -123,26 +124,6 @@ QUICK = {"demo_episodes": 2000, "drill_s": 150.0, "pretrain_s": 150.0, "rl_s": 4
 
 # ---------------------------------------------------------------- per-window settings
 
-
-def harness_for(window: int, mode: str, max_turns: int = 10_000, max_tokens: int = 1_000_000,
-                max_ops: int = 2):
-    """The harness settings of the ledger family at ``window``: room for exactly the longest
-    submit turn and the longest summary of ``max_ops`` steps. Every token of room kept free
-    beyond those is window lost to each segment, and more segments mean more summaries that
-    must carry the facts."""
-    from tidal.env.toolcall import format_call
-    from tidal.harness import HarnessConfig
-    from tidal.harness.episode import SUMMARY_CLOSE
-    from tidal.envs.ledger.tasks import longest_code
-
-    code = longest_code(max_ops)
-    return HarnessConfig(context_window=window, context_mode=mode, summary_trigger=0.95,
-                         summary_max_tokens=len(code) + len(SUMMARY_CLOSE), truncate_keep=0.5,
-                         max_turns=max_turns, max_tokens=max_tokens,
-                         max_turn_tokens=len(format_call("submit", {"code": code})),
-                         max_observation_tokens=128)
-
-
 def ledger_for(window: int, horizon: float, slip_rate: float):
     """A LedgerConfig whose expert episodes are at least ``horizon`` windows long at ``window``:
     the file count is scaled from a first guess by the expert's measured horizon, then grown
@@ -180,7 +161,7 @@ def expert_success(spec, tasks, setup: "WindowSetup", mode: str) -> float:
     from tidal.envs.ledger.demos import play_expert
 
     results = play_expert(tasks, setup.window, 0.0, 0, setup.harness(mode), env=spec.make)
-    return sum(r.reward >= 1.0 for r in results) / len(results)
+    return sum(spec.success(r.reward, r.info) for r in results) / len(results)
 
 
 class WindowSetup:
@@ -232,7 +213,7 @@ def midtrain_key(bc: HorizonBenchConfig, setups: list[WindowSetup]) -> str:
                                             "drill_window", "drill_files", "drill_s"}),
             "model": cfg.model.model_dump(mode="json"),
             "pretrain": cfg.pretrain.model_dump(mode="json", exclude=NOT_HASHED["pretrain"]),
-            "ledger": [s.ledger.model_dump() for s in setups],
+            "ledger": [s.ledger.model_dump(exclude={"corpus_window"}) for s in setups],
             "harness": [s.harness("summarize").model_dump() for s in setups],
             "generator": longhorizon.GENERATOR_VERSION, "tidal": tidal.__version__}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
@@ -335,7 +316,7 @@ def rl(policy: Policy, spec, setup: WindowSetup, mode: str, bc: HorizonBenchConf
         policy.sync()
         step += 1
         curve.append({"step": step, "wall_s": time.perf_counter() - start,
-                      "success": sum(t.reward >= 1.0 for t in trajs) / len(trajs),
+                      "success": sum(t.solved for t in trajs) / len(trajs),
                       "loss": metrics["loss"], "kl": metrics["kl"]})
     return {"steps": step, "wall_s": time.perf_counter() - start, "curve": curve}
 
@@ -343,7 +324,7 @@ def rl(policy: Policy, spec, setup: WindowSetup, mode: str, bc: HorizonBenchConf
 def evaluate(policy: Policy, spec, tasks, harness) -> dict:
     trajs = episodes(policy, spec, tasks, harness, 1)
     horizon = [t.info["effective_horizon"] for t in trajs]
-    return {"success": sum(t.reward >= 1.0 for t in trajs) / len(trajs),
+    return {"success": sum(t.solved for t in trajs) / len(trajs),
             "effective_horizon": statistics.mean(horizon),
             "effective_horizon_min": min(horizon),
             "resets": statistics.mean(t.info["resets"] for t in trajs),
@@ -357,7 +338,7 @@ def run_window(model_dir: Path, setup: WindowSetup, bc: HorizonBenchConfig, sand
 
     cfg = tidal_config(bc).model_copy()
     cfg.engine.max_seq_len = setup.window
-    spec = load_environment(sandbox, **setup.ledger.model_dump())
+    spec = load_environment(sandbox, setup.ledger)
     heldout = spec.sample_tasks(bc.eval_tasks, 20261130, True)
     before = Policy(model_dir, cfg, bc.lr)
     out = {"window": setup.window, "num_files": setup.ledger.num_files,

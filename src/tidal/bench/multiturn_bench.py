@@ -41,7 +41,7 @@ def rollout(model, window: int, episodes: int, prefix_cache: bool, numerics: str
                        temperature=1.0, seed=0, prefix_cache=prefix_cache, numerics=numerics)
     engine = Engine(model, ByteTokenizer(), cfg)
     setup = WindowSetup(window, HorizonBenchConfig(windows=[window]))  # episodes >= 10.5 windows
-    spec = load_environment(Sandbox(SandboxConfig()), **setup.ledger.model_dump())
+    spec = load_environment(Sandbox(SandboxConfig()), setup.ledger)
     tasks = spec.sample_tasks(episodes, 0, False)
     harness = setup.harness("summarize")
     start = time.perf_counter()

@@ -57,10 +57,6 @@ class TidalConfig(Section):
                 f"harness.context_window ({self.harness.context_window}) exceeds "
                 f"engine.max_seq_len ({self.engine.max_seq_len})"
             )
-        if self.env.min_level > self.env.max_level:
-            raise ValueError(
-                f"env.min_level ({self.env.min_level}) exceeds env.max_level ({self.env.max_level})"
-            )
         return self
 
     def dtype_choices(self) -> dict[str, dict[str, str]]:

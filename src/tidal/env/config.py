@@ -1,8 +1,13 @@
-"""The environment: which task family, its difficulty, and how code is run."""
+"""The ``[env]`` section: which environment, its own settings, and how code is run.
+
+Only what every environment shares lives here. An environment's own settings (levels, test
+counts, corpus realism...) go in ``env.args``, validated by the environment's config model
+(``Config`` in its module, tidal.env.registry) when the run starts.
+"""
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import model_validator
 
 from tidal.section import Section
 from tidal.sandbox.config import SandboxConfig
@@ -13,20 +18,20 @@ class EnvConfig(Section):
     """Environment name: a built-in (tidal.env.registry.ENVIRONMENTS), an entry point of the
     "tidal.environments" group, or an importable module path exposing load_environment()."""
     args: dict[str, Any] = {}
-    """Keyword arguments for the environment's load_environment() (its own settings)."""
-    min_level: int = Field(1, ge=1)
-    """Easiest difficulty level sampled for training tasks."""
-    max_level: int = Field(3, ge=1)
-    """Hardest difficulty level sampled for training (and held-out) tasks."""
-    heldout_buckets: int = Field(10, ge=2)
-    """1 in this many task specs (by a hash of the spec) is held out; never seen in training."""
-    num_tests: int = Field(6, ge=1)
-    """Hidden test cases per task."""
-    num_examples: int = Field(1, ge=0)
-    """Input/output examples shown in the prompt (beside the description)."""
-    corpus_bug_rate: float = Field(0.3, ge=0.0, lt=1.0)
-    """Mid-training corpus realism: the chance that each line of a corpus solution carries a
-    typical slip (an off-by-one constant, a confused operator), as code found in the wild does.
-    The pretrained model thus writes plausible but often wrong code, and RL learns correctness
-    from the verifier. 0 = a perfectly clean corpus."""
+    """The environment's own settings, validated by its config model (e.g. the funcs family's
+    FuncsConfig: ``env.args.max_level = 2``); {} = its defaults."""
     sandbox: SandboxConfig = SandboxConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _settings_belong_in_args(cls, data: Any) -> Any:
+        """An old recipe's ``env.min_level`` (the funcs family's settings sat in [env] before
+        each environment validated its own) gets an error saying where the key goes now."""
+        if isinstance(data, dict):
+            stray = sorted(k for k in data if k not in cls.model_fields)
+            if stray:
+                moved = ", ".join(f"env.{k} -> env.args.{k}" for k in stray)
+                raise ValueError(
+                    f"[env] holds only {', '.join(cls.model_fields)}; an environment's own "
+                    f"settings go in env.args: {moved}")
+        return data

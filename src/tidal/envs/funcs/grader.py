@@ -1,22 +1,19 @@
-"""Grade generated code: run it against the task's hidden tests inside the sandbox.
+"""Grade a funcs-shaped candidate: ``f`` of one argument, checked on hidden ``(x, y)`` pairs.
 
-The program that runs is a small harness with the candidate source embedded as a string. The
-harness reads a fresh random nonce from stdin *before* the candidate runs and prints it with the
-verdict, so a candidate that prints a fake verdict (or exits early) earns nothing. Everything the
-candidate can do wrong — a syntax error, an exception, an infinite loop, a fork bomb, a memory
-hog, a flood of output, a network attempt — ends as reward 0 with a recorded reason.
+The program is a small checker with the candidate source embedded as a string, run through
+tidal.env.grading (nonce-stamped verdict, a grading slot per run, never raises for bad code):
+a syntax error, an exception, an infinite loop, a fork bomb, a memory hog, a flood of output or
+a network attempt all end as reward 0 with a recorded reason.
 """
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 
+from tidal.env.grading import NONCE_PREAMBLE, run_graded_many
 from tidal.envs.funcs.tasks import Task
 
-HARNESS = """\
-import sys
-_nonce = sys.stdin.readline().strip()
+CHECKER = NONCE_PREAMBLE + """\
 _src = {src!r}
 _tests = {tests!r}
 try:
@@ -51,30 +48,16 @@ def candidate_source(task: Task, completion: str) -> str:
     return task.prompt + completion
 
 
-def harness_program(task: Task, completion: str) -> str:
-    return HARNESS.format(src=candidate_source(task, completion), tests=list(task.tests))
-
-
-def parse_verdict(stdout: str, nonce: str, total: int) -> tuple[str, int]:
-    for line in reversed(stdout.splitlines()):
-        parts = line.split()
-        if len(parts) >= 4 and parts[0] == nonce:
-            return parts[1], int(parts[2])
-    return "no_result", 0
+def checker_program(task: Task, completion: str) -> str:
+    return CHECKER.format(src=candidate_source(task, completion), tests=list(task.tests))
 
 
 def grade_many(sandbox, tasks: list[Task], completions: list[str]) -> list[Grade]:
     """Grade each (task, completion) pair in its own sandbox run; never raises for bad code."""
-    nonces = [secrets.token_hex(8) for _ in tasks]
-    jobs = [(harness_program(t, c), n + "\n") for t, c, n in zip(tasks, completions, nonces)]
-    results = sandbox.run_many(jobs)
+    programs = [checker_program(t, c) for t, c in zip(tasks, completions)]
     grades = []
-    for task, nonce, res in zip(tasks, nonces, results):
-        total = len(task.tests)
-        if res.killed_reason:
-            grades.append(Grade(0.0, res.killed_reason, 0, total, res.wall_s))
-            continue
-        reason, passed = parse_verdict(res.stdout, nonce, total)
-        reward = 1.0 if reason == "pass" else 0.0
-        grades.append(Grade(reward, reason, passed, total, res.wall_s))
+    for task, verdict in zip(tasks, run_graded_many(sandbox, programs)):
+        passed = int(verdict.fields[0]) if verdict.fields else 0
+        reward = 1.0 if verdict.reason == "pass" else 0.0
+        grades.append(Grade(reward, verdict.reason, passed, len(task.tests), verdict.wall_s))
     return grades

@@ -1,0 +1,29 @@
+"""Settings of the "funcs" family (``env.args`` when ``env.name = "funcs"``)."""
+
+from pydantic import Field, model_validator
+
+from tidal.section import Section
+
+
+class FuncsConfig(Section):
+    min_level: int = Field(1, ge=1)
+    """Easiest difficulty level sampled for training tasks (operations composed in f)."""
+    max_level: int = Field(3, ge=1)
+    """Hardest difficulty level sampled for training (and held-out) tasks."""
+    heldout_buckets: int = Field(10, ge=2)
+    """1 in this many task specs (by a hash of the spec) is held out; never seen in training."""
+    num_tests: int = Field(6, ge=1)
+    """Hidden test cases per task."""
+    num_examples: int = Field(1, ge=0)
+    """Input/output examples shown in the prompt (beside the description)."""
+    corpus_bug_rate: float = Field(0.3, ge=0.0, lt=1.0)
+    """Mid-training corpus realism: the chance that each line of a corpus solution carries a
+    typical slip (an off-by-one constant, a confused operator), as code found in the wild does.
+    The pretrained model thus writes plausible but often wrong code, and RL learns correctness
+    from the verifier. 0 = a perfectly clean corpus."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "FuncsConfig":
+        if self.min_level > self.max_level:
+            raise ValueError(f"min_level ({self.min_level}) exceeds max_level ({self.max_level})")
+        return self
