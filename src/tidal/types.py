@@ -61,7 +61,12 @@ class Trajectory:
     """One sampled attempt at one task: a chain of segments and the episode's reward.
 
     group_id ties together the G samples of one task for GRPO's group-normalised advantage.
-    reason: why the reward is what it is ("pass", "wrong_answer", "syntax_error", "timeout", ...).
+    reason: why the reward is what it is ("pass", "wrong_answer", "syntax_error", "timeout", ...;
+        "prompt_too_long": the task was skipped, with no segments).
+    solved: whether the episode solved its task, by its environment's rule
+        (``EnvironmentSpec.success``), set once by the harness when the episode ends; every pass
+        rate counts it.
+    level: the task's difficulty as the environment reported it (None if it has none).
     """
 
     task_id: str
@@ -70,6 +75,8 @@ class Trajectory:
     reward: float = 0.0
     reason: str = ""
     info: dict[str, float] = field(default_factory=dict)
+    solved: bool = False
+    level: int | None = None
 
     @property
     def versions(self) -> list[int]:
