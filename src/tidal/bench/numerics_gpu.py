@@ -1,10 +1,12 @@
 """Engine-vs-trainer numerics of a random-initialised Qwen3-MoE, fast mode vs deterministic mode.
 
-    python -m tidal.bench.numerics_gpu --size 1b --json numerics_gpu.json     # on a GPU (~2.1B params)
-    tidal bench numerics-gpu --device cpu --size tiny                        # the CPU op sets
-    python -m tidal.bench.numerics_gpu --smoke --size smoke                  # kernel checks first
+    python -m tidal.bench.numerics_gpu --bench.size 1b --json numerics_gpu.json   # on a GPU (~2.1B params)
+    tidal bench numerics-gpu --bench.device cpu                                  # tiny: the CPU op sets
+    python -m tidal.bench.numerics_gpu --bench.smoke true --bench.size smoke       # kernel checks first
 
-The model is tidal's own (``build_model`` on a ``numerics-gpu-*`` preset, bf16) and every call
+The model is tidal's own (``build_model`` on the size's ``numerics-gpu-*`` preset, bf16, with the
+run config's [model] keys given on top, e.g. ``--model.num_hidden_layers 4``; the run's seed
+``orchestrator.seed``) and every call
 is the one the engine and the trainer make: ``model(ids, positions, cache, slots,
 deterministic=..., return_experts=True)`` to generate, ``model(ids, deterministic=...,
 replay_experts=...)`` to recompute. On CUDA tensors the fused forward runs the GPU op sets
@@ -12,7 +14,7 @@ replay_experts=...)`` to recompute. On CUDA tensors the fused forward runs the G
 grouped-GEMM experts: a tuned plain-torch peer; its trainer is the module forward),
 "deterministic" = kernels/triton_ops.py (the batch-invariant Triton kernels). On the CPU the CPU
 op sets run, or with ``TIDAL_OPS=gpu TRITON_INTERPRET=1`` the GPU ones in Triton's interpreter
-(slow: ``--workload interpreted``).
+(slow: ``--bench.workload interpreted``).
 
 1. engine: waves of sequences (batch sizes from the workload, e.g. 64 .. 1). Each wave prefills
    its right-padded prompts in one forward, then decodes with a KV cache; sequences stop at their
@@ -20,7 +22,7 @@ op sets run, or with ``TIDAL_OPS=gpu TRITON_INTERPRET=1`` the GPU ones in Triton
    sampled token records its logprob and, for every processed token, the top-k expert ids of
    each layer. Timed (prefill + decode, synchronised at wave edges) -> engine tokens/s. Every
    mode is warmed up first (untimed: kernel compilation, cuBLAS, the allocator); then
-   ``--repeats`` rounds with the modes interleaved (fast, det, fast, det); each mode's median
+   ``repeats`` rounds with the modes interleaved (fast, det, fast, det); each mode's median
    round counts.
 2. trainer: each wave's full sequences in one forward without a cache, without and with router
    replay (the engine's expert ids; gates from the trainer's own router probabilities over them);
@@ -39,15 +41,24 @@ wheels carried with the checkout (scripts/gpu_wheels.sh).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import traceback
 from dataclasses import asdict
+from typing import Literal
 
 import torch
+from pydantic import Field, field_validator
 
 from tidal.bench.common import write_json
+from tidal.bench.config import (
+    SEED_KEY,
+    StrList,
+    config_record,
+    main,
+    run_seed,
+    with_preset,
+)
 from tidal.bench.numerics_gpu_passes import (
     SIZES,
     WORKLOADS,
@@ -60,41 +71,79 @@ from tidal.bench.numerics_gpu_passes import (
     trainer_metrics,
     warm_up,
 )
+from tidal.config import TidalConfig
 from tidal.numerics import MODES
+from tidal.section import Section
+
+READS = ("model", SEED_KEY)
+"""What of the run config this benchmark uses (recorded in its JSON under "config")."""
+
+
+class BenchSection(Section):
+    """The model is the size's numerics-gpu preset with the run config's [model] keys given on
+    top, initialised with the run's seed (orchestrator.seed), which also draws the prompts and
+    seeds the sampler; no other run-config section is read (the passes are the engine's and the
+    trainer's model calls, made here directly). On the CPU, one torch thread."""
+
+    size: Literal[tuple(SIZES)] = "tiny"
+    """Model and workload size: tiny (CPU), smoke (GPU kernel check, seconds), 1b (~2.1B params)."""
+    workload: Literal[tuple(WORKLOADS)] | None = None
+    """Which sequences to generate; unset = the size's own (interpreted: a few, for the Triton
+    op set in Triton's interpreter)."""
+    device: str = ""
+    """torch device: cuda or cpu; "" = cuda where available, else cpu."""
+    modes: StrList = Field(default_factory=lambda: list(MODES))
+    """Which of fast, deterministic to run."""
+    smoke: bool = False
+    """First check each kernel against torch (tidal.kernels.checks)."""
+    repeats: int = Field(2, ge=1)
+    """Timed engine rounds per mode, interleaved across modes; the median is reported."""
+    fast_experts: Literal["grouped_mm", "padded_bmm"] = "grouped_mm"
+    """Fast mode's expert compute: grouped_mm (torch._grouped_mm where it works, else the padded
+    bmm) or padded_bmm (never try it: the GPU script's choice when the smoke run did not confirm it)."""
+
+    @field_validator("modes")
+    @classmethod
+    def _check_modes(cls, modes: list[str]) -> list[str]:
+        unknown = sorted(set(modes) - set(MODES))
+        if unknown or not modes:
+            raise ValueError(f"unknown modes {unknown}; choose a subset of {list(MODES)}")
+        return modes
+
+
+def run(bench: BenchSection, cfg: TidalConfig, json_path: str | None) -> int:
+    return 1 if run_numerics(bench, cfg, json_path)["errors"] else 0
 
 
 @torch.inference_mode()
-def run_numerics(size: str, device: str, seed: int = 0, json_path: str | None = None,
-                 smoke: bool = False, modes: tuple[str, ...] = MODES, repeats: int = 2,
-                 fast_experts: str = "grouped_mm", workload: str | None = None) -> dict:
+def run_numerics(bench: BenchSection, cfg: TidalConfig, json_path: str | None = None) -> dict:
     """Build the model, optionally run the kernel checks; warm every mode up, then ``repeats``
     timed rounds with the modes interleaved (fast, det, fast, det: drift in clocks or heat hits
-    both), the median per mode; then the trainer passes. Print and return.
-    fast_experts: "grouped_mm" (torch._grouped_mm where it works, else the padded bmm) or
-    "padded_bmm" (never try it: the GPU script's choice when the smoke run did not confirm it).
-    workload: a WORKLOADS key (default: the size's own)."""
-    device = torch.device(device)
+    both), the median per mode; then the trainer passes. Print and return."""
+    device = torch.device(bench.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cpu":
         torch.set_num_threads(1)  # one thread: the CPU probe's paths and the interpreter
-    workload = workload or size
+    cfg = with_preset(cfg, SIZES[bench.size])
+    workload, modes, seed = bench.workload or bench.size, tuple(bench.modes), run_seed(cfg)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    model = make_bench_model(size, device, seed)
-    result = _header(model, size, device, workload, repeats)
+    model = make_bench_model(cfg.model, device, seed)
+    result = _header(model, bench.size, device, workload, bench.repeats)
+    result["config"] = config_record(bench, cfg, READS)
 
     def save() -> None:
         if json_path:
             write_json(json_path, result)
 
-    if smoke:
+    if bench.smoke:
         from tidal.kernels.checks import run_kernel_checks
 
         _guarded("kernel_checks", lambda: result.update(
             kernel_checks=run_kernel_checks(device, small=device.type == "cpu")), result)
         save()
     spec = make_prompts(WORKLOADS[workload], model.config.vocab_size, seed)
-    _warm_up_modes(model, modes, spec, seed, sync, fast_experts, result)
+    _warm_up_modes(model, modes, spec, seed, sync, bench.fast_experts, result)
     save()
-    waves = _timed_rounds(model, modes, spec, seed, sync, repeats, result, save)
+    waves = _timed_rounds(model, modes, spec, seed, sync, bench.repeats, result, save)
     _trainer_sections(model, modes, waves, sync, result, save)
     summarise(result)
     save()
@@ -238,42 +287,5 @@ def _triton_version() -> str | None:
     return triton.__version__
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--size", choices=sorted(SIZES), default="tiny",
-                        help="model and workload size (tiny: CPU; smoke: GPU check; 1b: ~2.1B params)")
-    parser.add_argument("--workload", choices=sorted(WORKLOADS), default=None,
-                        help="which sequences to generate (default: the size's own; interpreted: "
-                             "a few, for the Triton op set in Triton's interpreter)")
-    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
-    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of fast,deterministic")
-    parser.add_argument("--smoke", action="store_true", help="first check each kernel against torch")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=2,
-                        help="timed engine rounds per mode, interleaved across modes; median reported")
-    parser.add_argument("--fast-experts", choices=("grouped_mm", "padded_bmm"), default="grouped_mm",
-                        help="fast mode's expert compute (grouped_mm falls back to padded_bmm if it fails)")
-    parser.add_argument("--json", default=None, help="write the result here")
-
-
-def run_from_args(args) -> int:
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    modes = tuple(m for m in args.modes.split(",") if m)
-    unknown = set(modes) - set(MODES)
-    if unknown:
-        raise SystemExit(f"--modes: unknown {sorted(unknown)}; choose from {MODES}")
-    if args.repeats < 1:
-        raise SystemExit("--repeats must be >= 1")
-    result = run_numerics(args.size, device, args.seed, args.json, args.smoke, modes, args.repeats,
-                          args.fast_experts, args.workload)
-    return 1 if result["errors"] else 0
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tidal.bench.numerics_gpu", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    return run_from_args(parser.parse_args(argv))
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.modules[__name__], "numerics-gpu"))

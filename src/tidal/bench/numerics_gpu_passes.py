@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from tidal.model import CausalLM, KVCache, build_model, preset
+from tidal.model import CausalLM, KVCache, ModelConfig, build_model
 from tidal.numerics.metrics import mismatch_metrics, routing_flip_metrics
 
 SIZES = {"tiny": "numerics-gpu-tiny", "smoke": "numerics-gpu-smoke", "1b": "numerics-gpu-1b"}
-"""--size -> the model preset (tidal.model.presets)."""
+"""bench.size -> the model preset (tidal.model.presets) the run config's [model] starts from."""
 
 
 @dataclass(frozen=True)
@@ -224,10 +224,10 @@ def warm_up(model: CausalLM, mode: str, waves_spec, seed: int, sync) -> None:
 
 
 @torch.inference_mode(False)
-def make_bench_model(size: str, device: torch.device, seed: int) -> CausalLM:
-    """The size's preset (bf16), random-initialised on ``device`` (as ordinary tensors, whose
-    version counters the fused weights watch, also when called in inference mode)."""
-    return build_model(preset(SIZES[size]), seed=seed, device=device).eval()
+def make_bench_model(model_cfg: ModelConfig, device: torch.device, seed: int) -> CausalLM:
+    """The model (a size's preset: bf16), random-initialised on ``device`` (as ordinary tensors,
+    whose version counters the fused weights watch, also when called in inference mode)."""
+    return build_model(model_cfg, seed=seed, device=device).eval()
 
 
 def cross_mode_check(model: CausalLM, det_waves: list[Wave], sync, result: dict) -> None:
