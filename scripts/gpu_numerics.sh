@@ -6,6 +6,8 @@
 #   bash scripts/gpu_numerics.sh            # on the device machine, from the repo root, $OUT set,
 #                                           # with carry=[".gpu-wheels"]
 #
+# Settings of the benchmark are --bench.KEY VALUE (tidal.bench.config; `python -m
+# tidal.bench.numerics_gpu --help` lists them), run-config overrides --SECTION.KEY VALUE.
 # 1. environment (GPU, torch, triton) and pydantic (tidal.model's configs need it; the device
 # machine lacks it): importable already, or installed offline from .gpu-wheels into a scratch
 # folder put on PYTHONPATH (nothing installed into the machine's Python); 2. a ~30 s smoke run on
@@ -36,7 +38,7 @@ DEVICE="${DEVICE:-cuda}"
 SMOKE_SIZE="${SMOKE_SIZE:-smoke}"
 MAIN_SIZE="${MAIN_SIZE:-1b}"
 WORKLOAD_ARGS=()
-[ -n "${WORKLOAD:-}" ] && WORKLOAD_ARGS=(--workload "$WORKLOAD")
+[ -n "${WORKLOAD:-}" ] && WORKLOAD_ARGS=(--bench.workload "$WORKLOAD")
 exec > >(tee -a "$OUT/log.txt") 2>&1
 
 step() { echo; echo "=== $1  ($(date -u +%H:%M:%S))"; }
@@ -59,8 +61,8 @@ else
 fi
 
 step "smoke: kernel checks + tiny MoE end to end (limit ${SMOKE_LIMIT_S}s)"
-timeout "$SMOKE_LIMIT_S" "$PY" -m tidal.bench.numerics_gpu --device "$DEVICE" --size "$SMOKE_SIZE" --smoke \
-    --repeats "$REPEATS" ${WORKLOAD_ARGS[@]+"${WORKLOAD_ARGS[@]}"} --json "$OUT/numerics_smoke.json"
+timeout "$SMOKE_LIMIT_S" "$PY" -m tidal.bench.numerics_gpu --bench.device "$DEVICE" --bench.size "$SMOKE_SIZE" \
+    --bench.smoke true --bench.repeats "$REPEATS" ${WORKLOAD_ARGS[@]+"${WORKLOAD_ARGS[@]}"} --json "$OUT/numerics_smoke.json"
 rc=$?; [ $rc -eq 0 ] || echo "SMOKE RUN FAILED (exit $rc; 124 = time limit)"
 
 # fast mode's experts: torch._grouped_mm only if the smoke run confirmed it (a private torch op;
@@ -70,8 +72,9 @@ print('grouped_mm' if d.get('fast_experts') == 'grouped_mm' else 'padded_bmm')" 
     "$OUT/numerics_smoke.json" 2>/dev/null || echo padded_bmm)
 
 step "main: ~2.1B-param MoE, fast vs deterministic, fast experts: $FAST_EXPERTS (limit ${MAIN_LIMIT_S}s)"
-timeout "$MAIN_LIMIT_S" "$PY" -m tidal.bench.numerics_gpu --device "$DEVICE" --size "$MAIN_SIZE" \
-    --repeats "$REPEATS" --fast-experts "$FAST_EXPERTS" ${WORKLOAD_ARGS[@]+"${WORKLOAD_ARGS[@]}"} --json "$OUT/numerics_gpu.json"
+timeout "$MAIN_LIMIT_S" "$PY" -m tidal.bench.numerics_gpu --bench.device "$DEVICE" --bench.size "$MAIN_SIZE" \
+    --bench.repeats "$REPEATS" --bench.fast_experts "$FAST_EXPERTS" ${WORKLOAD_ARGS[@]+"${WORKLOAD_ARGS[@]}"} \
+    --json "$OUT/numerics_gpu.json"
 rc=$?; [ $rc -eq 0 ] || echo "MAIN RUN FAILED (exit $rc; 124 = time limit)"
 
 step "done"

@@ -10,7 +10,8 @@ from tidal.env import from_config
 from tidal.harness import run_episodes
 from tidal.model import ByteTokenizer, build_model, preset
 from tidal.sandbox import Sandbox
-from tidal.tasks import family, grade_many
+from tidal.envs import funcs as family
+from tidal.envs.funcs import grade_many
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def engine(cfg):
 def test_funcs_is_the_default_environment_and_samples_the_family(setup):
     cfg, _, env = setup
     assert cfg.env.name == "funcs" and env.name == "funcs"
-    assert env.sample_tasks(5, 7, True) == family.sample_tasks(cfg.env, 5, 7, True)
+    assert env.sample_tasks(5, 7, True) == family.sample_tasks(family.FuncsConfig(), 5, 7, True)
     assert env.corpus_version == family.GENERATOR_VERSION
 
 
@@ -48,5 +49,6 @@ def test_single_turn_rollouts_match_generate_then_grade(setup):
         assert seg.completion_ids == r.token_ids and seg.loss_mask == [1] * len(r.token_ids)
         assert seg.logprobs == pytest.approx(r.logprobs, abs=1e-5)
         assert (t.reward, t.reason) == (g.reward, g.reason)
-        assert t.info["passed"] == g.passed and t.info["level"] == task.level and t.episode.turns == 1
+        assert t.info["passed"] == g.passed and t.level == task.level and t.episode.turns == 1
+        assert t.solved == (g.reward == 1.0)
     assert stats.generated_tokens == sum(len(r.token_ids) for r in reference)

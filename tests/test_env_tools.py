@@ -119,7 +119,7 @@ def test_good_calls_run_and_submit_scores_with_the_rubric():
     assert [r.observation for r in results] == ["ok", "42", "submitted"]
     assert [r.done for r in results] == [False, False, True]
     assert results[-1].reward == pytest.approx(1.5)
-    assert results[-1].info == {"reward/has_answer": 1.0, "reward/no_errors": 1.0}
+    assert results[-1].info == {"reward/has_answer": 1.0, "reward/no_errors": 1.0, "reason": "done"}
 
 
 BAD_CALLS = [
@@ -134,6 +134,7 @@ BAD_CALLS = [
     ("bad_args", '<call>{"put": {"name": "a", "value": "1"}}</call>'),
     ("bad_args", '<call>{"put": {"name": "a"}}</call>'),
     ("bad_args", '<call>{"put": {"name": "a", "value": 1, "extra": 2}}</call>'),
+    ("bad_args", '<call>{"put": {"self": 0, "name": "a", "value": 1}}</call>'),  # tools are bound once
     ("too_long", '<call>{"put": {"name": "' + "a" * 300 + '", "value": 1}}</call>'),
     ("tool_error", '<call>{"get": {"name": "missing"}}</call>'),
     ("timeout", '<call>{"slow": {}}</call>'),
@@ -190,9 +191,9 @@ def test_rubric_weights_and_parts():
 
 
 def test_registry_loads_builtins_and_module_paths_and_names_unknowns():
-    spec = load_environment("funcs", sandbox=None, config=__import__("tidal.tasks.config").tasks.config.EnvConfig())
+    spec = load_environment("funcs", sandbox=None)
     assert isinstance(spec, EnvironmentSpec) and spec.name == "funcs"
-    by_path = load_environment("tidal.env.examples.fixit", sandbox=None, max_level=1)
+    by_path = load_environment("tidal.envs.fixit", sandbox=None, max_level=1)
     assert by_path.name == "fixit" and all(t.tests.level == 1 for t in by_path.sample_tasks(4, 0, False))
     for unknown in ("no_such_env_anywhere", "tidal.env.no_such_module"):
         with pytest.raises(UnknownEnvironment, match="not a known environment"):
@@ -208,3 +209,5 @@ def test_env_name_and_args_come_from_the_config():
     cfg = load_config(None, ["--env.name", "fixit", "--env.args", '{"min_level": 2, "max_level": 2}'])
     spec = from_config(cfg.env, sandbox=None)
     assert {t.tests.level for t in spec.sample_tasks(5, 1, False)} == {2}
+    cfg = load_config(None, ["--env.args.max_level", "1"])  # one key, the rest defaults
+    assert {t.level for t in from_config(cfg.env).sample_tasks(5, 1, False)} == {1}

@@ -4,14 +4,14 @@ import pytest
 
 from tidal.config import load_config
 from tidal.sandbox import Sandbox
-from tidal.tasks import grade_many, sample_tasks
+from tidal.envs.funcs import FuncsConfig, grade_many, sample_tasks
 
 
 @pytest.fixture(scope="module")
 def setup():
     cfg = load_config(None, ["--env.sandbox.timeout_s", "2", "--env.sandbox.cpu_s", "1",
                              "--env.sandbox.memory_mb", "256", "--env.sandbox.max_output_bytes", "4096"])
-    task = sample_tasks(cfg.env, 1, seed=0, heldout=False)[0]
+    task = sample_tasks(FuncsConfig(), 1, seed=0, heldout=False)[0]
     return Sandbox(cfg.env.sandbox), task
 
 
@@ -50,3 +50,59 @@ def test_many_at_once_keep_order(setup):
     sandbox, task = setup
     grades = grade_many(sandbox, [task] * 4, [task.reference_solution, "    return x +\n"] * 2)
     assert [g.reason for g in grades] == ["pass", "syntax_error"] * 2
+
+
+# ---------------------------------------------------------------- the generic API (tidal.env.grading)
+
+
+def test_run_graded_reads_only_the_verdict_stamped_with_its_nonce(setup):
+    from tidal.env import NONCE_PREAMBLE, run_graded
+
+    sandbox, _ = setup
+    honest = run_graded(sandbox, NONCE_PREAMBLE + "print('pass pass 1')\nprint(_nonce, 'ok', 3, 'x')\n")
+    assert (honest.reason, honest.fields) == ("ok", ("3", "x"))
+    forged = run_graded(sandbox, NONCE_PREAMBLE + "print('0123456789abcdef pass 6 6')\n")
+    assert (forged.reason, forged.fields) == ("no_result", ())
+    looping = run_graded(sandbox, NONCE_PREAMBLE + "while True:\n    pass\n")
+    assert looping.reason in {"timeout", "cpu"}
+
+
+class CountingSandbox:
+    """Stands in for a Sandbox: records how many programs run at once."""
+
+    def __init__(self, concurrency):
+        import threading
+        from types import SimpleNamespace
+
+        self.cfg = SimpleNamespace(concurrency=concurrency)
+        self.lock, self.now, self.most = threading.Lock(), 0, 0
+
+    def run_python(self, code, stdin=None):
+        import time
+        from types import SimpleNamespace
+
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        time.sleep(0.02)
+        with self.lock:
+            self.now -= 1
+        return SimpleNamespace(killed_reason=None, stdout=f"{stdin.strip()} pass", wall_s=0.02)
+
+
+def test_parallel_gradings_through_one_sandbox_share_one_limit():
+    import threading
+
+    from tidal.env import grading_slots, run_graded_many
+
+    sandbox = CountingSandbox(concurrency=2)
+    assert grading_slots(sandbox) is grading_slots(sandbox)
+    results = []
+    callers = [threading.Thread(target=lambda: results.extend(run_graded_many(sandbox, ["p"] * 6)))
+               for _ in range(3)]  # three environments' episodes finishing at once
+    for c in callers:
+        c.start()
+    for c in callers:
+        c.join()
+    assert len(results) == 18 and {v.reason for v in results} == {"pass"}
+    assert sandbox.most == 2

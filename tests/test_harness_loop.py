@@ -292,12 +292,48 @@ def test_an_engine_failure_raises_instead_of_hanging():
         run(broken, n=3)
 
 
-def test_a_head_longer_than_the_window_is_a_user_error():
-    spec = EnvironmentSpec("big", lambda: Notes(Rubric([(correct, 1.0)])),
-                           lambda n, s, h: None)
-    engine = ScriptedEngine(answer_after(0), max_seq_len=256, max_new_tokens=32)
-    with pytest.raises(UserError, match="context window"):
-        run_episodes(engine, spec, [NoteTask("t", "x" * 200, "0")], HarnessConfig())
+def test_a_task_whose_prompt_does_not_fit_is_skipped_counted_and_never_trained():
+    from tidal.orchestrator.evaluate import heldout_pass1
+    from tidal.orchestrator.loop import RunState, rollout_metrics, staleness_gate
+
+    engine = ScriptedEngine(answer_after(0), max_seq_len=256, max_new_tokens=64)
+    long, short = NoteTask("long", "x" * 200, "0"), NoteTask("short", "Remember 1.", "1")
+    trajs, _ = run_episodes(engine, notes_spec(), [long, short], HarnessConfig(), samples_per_task=2)
+    skipped, done = trajs[:2], trajs[2:]
+    for t in skipped:
+        assert (t.reason, t.segments, t.reward, t.solved) == ("prompt_too_long", [], 0.0, False)
+    assert all(t.solved for t in done) and len(engine.requests) == 2  # the long one never ran
+    metrics = rollout_metrics(trajs)
+    assert metrics.reasons == {"prompt_too_long": 2, "done": 2} and metrics.pass_rate == 0.5
+    state = RunState()
+    kept, _ = staleness_gate(trajs, trainer_version=0, max_staleness=0, state=state)
+    assert len(kept) == 4 and state.dropped_stale == 0  # nothing generated, so nothing stale
+    result = heldout_pass1(engine, notes_spec(), [long, short], HarnessConfig(), samples_per_task=1)
+    assert result["pass1"] == 0.5 and result["reasons"] == {"prompt_too_long": 1, "done": 1}
+
+
+def test_success_is_the_environments_rule_not_reward_at_least_one():
+    from tidal.orchestrator.evaluate import heldout_pass1
+    from tidal.orchestrator.loop import rollout_metrics
+
+    def bonus(task, env) -> float:
+        return 1.0
+
+    def solved(reward, info):  # the answer must be right; the bonus alone never solves it
+        return info["reward/correct"] == 1.0
+
+    rubric = Rubric([(correct, 0.5), (bonus, 1.0)])
+    spec = EnvironmentSpec("strict", lambda: Notes(rubric), lambda n, s, h: tasks(n), success=solved)
+    wrong = lambda prompt: format_call("submit", {"answer": "nope"})  # noqa: E731
+    for policy, reward, ok in ((answer_after(0), 1.5, True), (wrong, 1.0, False)):
+        trajs, _ = run_episodes(ScriptedEngine(policy), spec, tasks(2), HarnessConfig())
+        assert [(t.reward, t.solved) for t in trajs] == [(reward, ok)] * 2
+        assert rollout_metrics(trajs).pass_rate == float(ok)
+        assert heldout_pass1(ScriptedEngine(policy), spec, tasks(2), HarnessConfig(), 1)["pass1"] == float(ok)
+    half = Rubric([(correct, 0.5)])  # reward 0.5 < 1, yet solved by the rule
+    spec = EnvironmentSpec("half", lambda: Notes(half), lambda n, s, h: tasks(n), success=solved)
+    trajs, _ = run_episodes(ScriptedEngine(answer_after(0)), spec, tasks(1), HarnessConfig())
+    assert trajs[0].reward == 0.5 and trajs[0].solved
 
 
 def test_context_window_may_not_exceed_the_engine():

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tidal.bench.numerics_gpu import run_numerics
+from tidal.bench.numerics_gpu import BenchSection, run_numerics
+from tidal.config import load_config
 from tidal.kernels import reference
 from tidal.kernels.checks import run_kernel_checks
 from tidal.kernels.fast_ops import FastGpuOps
@@ -61,7 +62,7 @@ def test_reference_ops_pass_the_device_kernel_checks():
 def test_tiny_cpu_run_is_bitwise_equal_in_deterministic_mode(tmp_path):
     """The benchmark end to end on the CPU op sets (the same model calls as on a GPU)."""
     path = tmp_path / "numerics.json"
-    result = run_numerics("tiny", "cpu", json_path=str(path))
+    result = run_numerics(BenchSection(device="cpu"), load_config(), json_path=str(path))
     assert path.exists() and result["errors"] == {}
     det, fast = result["deterministic"], result["fast"]
     assert det["generated_tokens"] == fast["generated_tokens"] > 100
@@ -76,6 +77,8 @@ def test_tiny_cpu_run_is_bitwise_equal_in_deterministic_mode(tmp_path):
     assert result["targets"]["deterministic_zero_flips"]
     assert len(det["rounds"]) == len(fast["rounds"]) == result["repeats"] == 2  # median of 2, each mode
     assert result["ops"] == "cpu" and result["fast_experts"] == "per_expert"
+    assert result["config"]["bench"]["size"] == "tiny"
+    assert result["config"]["model"] == result["model"]  # the size's preset, recorded as run
 
 
 def _run_interpreted(what: str) -> dict:

@@ -2,14 +2,13 @@
 
 import pytest
 
-from tidal.bench.horizon_bench import harness_for
 from tidal.env.toolcall import CALL_CLOSE, CALL_OPEN
+from tidal.envs.ledger.config import LedgerConfig
+from tidal.envs.ledger.demos import (demo_rows, demo_segments, harness_for, informative, play_expert,
+                                     read_context, segment_text)
+from tidal.envs.ledger.tasks import parse_code, sample_tasks
 from tidal.harness.episode import SUMMARY_CLOSE, SUMMARY_OPEN
 from tidal.model.tokenizer import ByteTokenizer
-from tidal.tasks.longhorizon import parse_code, sample_tasks
-from tidal.tasks.longhorizon_config import LedgerConfig
-from tidal.tasks.longhorizon_demos import (demo_rows, demo_segments, informative, play_expert,
-                                           read_context, segment_text)
 
 WINDOW = 384
 CFG = LedgerConfig(num_files=46)
@@ -115,3 +114,14 @@ def test_masked_pretrain_step_counts_only_the_marked_targets():
     expected = F.cross_entropy(logits[0, 4:7], batch[0, 5:8]).item()
     loss = train_step(model, make_optimizer(model, PretrainConfig()), batch, 0.0, 1.0, "float32", mask)
     assert abs(loss - expected) < 1e-5
+
+
+def test_the_environment_corpus_is_demonstrations_rendered_as_the_harness_shows_them():
+    from tidal.envs.ledger import load_environment
+
+    spec = load_environment(None, LedgerConfig(num_files=12))
+    docs = spec.build_corpus(10, 3)
+    assert len(docs) == 10 and docs == spec.build_corpus(10, 3)
+    assert all(d.startswith("next_file() submit(code: string)\nWrite f:") for d in docs)
+    assert sum('<call>{"submit"' in d for d in docs) >= 1 and all("\n<obs>" in d for d in docs)
+    assert all(len(ByteTokenizer().encode(d)) < CFG.corpus_window for d in docs)

@@ -6,14 +6,14 @@ import random
 
 import pytest
 
-from tidal.env.longhorizon import NO_MORE_FILES, PARTIAL_CREDIT, load_environment
 from tidal.env.toolcall import format_call
+from tidal.envs.funcs import canonical, evaluate, is_heldout
+from tidal.envs.ledger.config import LedgerConfig
+from tidal.envs.ledger.environment import NO_MORE_FILES, PARTIAL_CREDIT, load_environment
+from tidal.envs.ledger.tasks import (NO_STEPS, LedgerExpert, body_text, code_text, parse_code,
+                                     parse_steps, sample_tasks, slipped)
 from tidal.sandbox import Sandbox
 from tidal.sandbox.config import SandboxConfig
-from tidal.tasks.family import canonical, evaluate, is_heldout
-from tidal.tasks.longhorizon import (NO_STEPS, LedgerExpert, body_text, code_text, parse_code,
-                                     parse_steps, sample_tasks, slipped)
-from tidal.tasks.longhorizon_config import LedgerConfig
 
 CFG = LedgerConfig(num_files=12)
 
@@ -96,7 +96,7 @@ def test_code_is_one_line_of_statements_and_the_body_returns():
 
 @pytest.fixture(scope="module")
 def spec():
-    return load_environment(Sandbox(SandboxConfig(backend="subprocess")), num_files=6)
+    return load_environment(Sandbox(SandboxConfig(backend="subprocess")), LedgerConfig(num_files=6))
 
 
 def play(spec, task, actions):
@@ -119,6 +119,7 @@ def test_environment_pages_files_then_grades_the_submission(spec):
     assert results[len(task.files)].observation == NO_MORE_FILES
     assert not any(r.done for r in results[:-1])
     assert results[-1].done and results[-1].reward == 1.0 + PARTIAL_CREDIT
+    assert results[-1].info["reason"] == "pass" and results[-1].info["level"] == task.level
 
 
 def test_environment_wrong_or_malformed_submission(spec):
@@ -132,6 +133,7 @@ def test_partial_credit_for_steps_carried_stays_below_success(spec):
     task = spec.sample_tasks(1, 0, False)[0]
     first_only = code_text(task.spec[:1])
     _, results = play(spec, task, [format_call("submit", {"code": first_only})])
-    assert 0.0 < results[0].reward < 1.0
+    assert 0.0 < results[0].reward < 1.0 and not spec.success(results[0].reward, results[0].info)
+    assert results[0].info["reason"] == "wrong_answer"
     _, results = play(spec, task, [format_call("submit", {"code": task.reference_solution})])
-    assert results[0].reward >= 1.0
+    assert results[0].reward >= 1.0 and spec.success(results[0].reward, results[0].info)

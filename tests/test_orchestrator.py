@@ -171,3 +171,13 @@ def test_run_killed_mid_flight_resumes_from_last_checkpoint(tmp_path, ckpt):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 8 and summary["trajectories"] == 8 * 4 * 2
     assert [s["step"] for s in records(run, "step")] == list(range(1, 9))
+
+
+def test_tasks_whose_prompt_does_not_fit_are_skipped_counted_and_never_trained(tmp_path, ckpt):
+    # 12 tokens of turn + prompts of 65..132 tokens: some of each step's tasks do not fit
+    cfg = cfg_with("--orchestrator.steps", "2", "--harness.context_window", "112")
+    summary = run_rl(cfg, tmp_path, ckpt, progress=False)
+    assert summary.steps == 2 and summary.trajectories == 2 * 4 * 2
+    steps = records(tmp_path, "step")
+    assert [s["reasons"].get("prompt_too_long") for s in steps] == [2, 4]  # G = 2 samples a task
+    assert all("train/loss" in s for s in steps)  # the rest trained as usual

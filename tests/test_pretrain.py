@@ -18,8 +18,9 @@ from tidal.pretrain.loop import lr_at, pretrain, torch_threads
 TOK = ByteTokenizer()
 
 
-def tiny_cfg(tmp_path, **pretrain):
+def tiny_cfg(tmp_path, env=None, **pretrain):
     return TidalConfig.model_validate({
+        "env": env or {},
         "model": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                       num_key_value_heads=1, head_dim=16, max_position_embeddings=64),
         "engine": dict(max_seq_len=64, max_new_tokens=16),
@@ -219,3 +220,73 @@ def test_trimming_padding_after_the_last_trained_token_changes_no_loss():
         torch.testing.assert_close(loss(cut_ids, cut_mask), loss(ids, mask))
     nothing = torch.zeros(3, 40)
     assert trim_batch(ids, nothing)[0].shape == (3, 40)
+
+
+# ---------------------------------------------------------------- the corpus from the environment
+
+CORPUS_ENV = """
+from tidal.env import EnvironmentSpec
+
+def load_environment(sandbox=None, word: str = "zebra"):
+    return EnvironmentSpec("corpus_env", make=None, sample_tasks=lambda n, s, h: [],
+                           build_corpus=lambda n, seed: [f"{word} {i} seed {seed}. " * 4 for i in range(n)],
+                           corpus_version=3)
+"""
+
+NO_CORPUS_ENV = """
+from tidal.env import EnvironmentSpec
+
+def load_environment(sandbox=None):
+    return EnvironmentSpec("bare", make=None, sample_tasks=lambda n, s, h: [])
+"""
+
+
+@pytest.fixture
+def env_modules(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "pretrain_corpus_env.py").write_text(CORPUS_ENV)
+    (tmp_path / "pretrain_bare_env.py").write_text(NO_CORPUS_ENV)
+
+
+def test_pretrain_mid_trains_on_the_selected_environments_corpus(tmp_path, env_modules, monkeypatch):
+    from tidal.pretrain import loop
+
+    cfg = tiny_cfg(tmp_path, env={"name": "pretrain_corpus_env", "args": {"word": "quokka"}},
+                   corpus_docs=20, max_steps=2, warmup_steps=0)
+    packed = []
+    monkeypatch.setattr(loop, "pack", lambda docs, *a: packed.append(docs) or pack(docs, *a))
+    pretrain(cfg, tmp_path / "out", progress=False)
+    assert packed == [[f"quokka {i} seed 0. " * 4 for i in range(20)]]
+
+
+def test_an_environment_without_a_corpus_is_one_error_naming_both_fixes(tmp_path, env_modules, capsys):
+    from tidal.cli import main
+    from tidal.env import NoCorpus
+    from tidal.pretrain.loop import corpus_documents
+
+    with pytest.raises(NoCorpus, match=r"set pretrain\.corpus .* build_corpus\(n_docs, seed\)"):
+        corpus_documents(tiny_cfg(tmp_path, env={"name": "pretrain_bare_env"}))
+    assert main(["pretrain", "--dry-run", "--env.name", "pretrain_bare_env"]) == 2
+    assert "pretrain.corpus" in capsys.readouterr().err
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("text")
+    assert main(["pretrain", "--dry-run", "--env.name", "pretrain_bare_env",
+                 "--pretrain.corpus", str(corpus)]) == 0
+
+
+def test_cache_key_follows_the_environment_and_only_what_makes_the_corpus(tmp_path, env_modules):
+    base = tiny_cfg(tmp_path)
+    key = cache_key(base)
+    assert cache_key(tiny_cfg(tmp_path, env={"name": "pretrain_corpus_env"})) != key  # env.name alone
+    assert cache_key(tiny_cfg(tmp_path, env={"args": {"max_level": 2}})) != key
+    assert cache_key(tiny_cfg(tmp_path, env={"args": {"max_level": 3}})) == key  # the default, written out
+    assert cache_key(tiny_cfg(tmp_path, env={"sandbox": {"timeout_s": 1.0}})) == key
+    hashed = cache_mod._hashed(tiny_cfg(tmp_path, env={"name": "pretrain_corpus_env"}))
+    assert hashed["corpus"] == {"environment": {"name": "pretrain_corpus_env", "args": {"word": "zebra"},
+                                                "corpus_version": 3}}
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "x"}\n')
+    files = tiny_cfg(tmp_path, corpus=[str(corpus)])
+    assert cache_key(tiny_cfg(tmp_path, corpus=[str(corpus)], corpus_docs=7)) == cache_key(files)
+    assert cache_key(tiny_cfg(tmp_path, env={"name": "pretrain_corpus_env"}, corpus=[str(corpus)])) \
+        == cache_key(files)  # the files are the corpus: the environment does not matter

@@ -15,7 +15,7 @@ from tidal.pretrain.loop import pretrain
 TINY = [
     "--model.hidden_size", "96", "--model.intermediate_size", "256", "--model.num_hidden_layers", "2",
     "--model.num_attention_heads", "4", "--model.num_key_value_heads", "2", "--model.head_dim", "24",
-    "--env.max_level", "1", "--env.corpus_bug_rate", "0.5",
+    "--env.args.max_level", "1", "--env.args.corpus_bug_rate", "0.5",
     # Mid-training by a step count, not a time budget, so a loaded machine gets the same model
     # (at 45 s of wall clock a machine shared with other jobs got 169 steps and a model that
     # solved nothing); the time budget is only a safety net.

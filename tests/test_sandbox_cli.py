@@ -56,8 +56,8 @@ def test_exec_error_is_one_clear_line(capsys, args, words):
 
 def test_bench_sandbox_writes_the_keys(tmp_path, capsys):
     path = tmp_path / "sandbox.json"
-    assert main(["bench", "sandbox", "--runs", "2", "--gap-ms", "0", "--concurrency", "3",
-                 "--image-files", "3", "--json", str(path)]) == 0
+    assert main(["bench", "sandbox", "--bench.runs", "2", "--bench.gap_ms", "0", "--bench.concurrency", "3",
+                 "--bench.image_files", "3", "--env.sandbox.memory_mb", "384", "--json", str(path)]) == 0
     results = json.loads(path.read_text())
     assert results["plain"]["failures"] == 0 and results["plain"]["p50_ms"] > 0
     for name in ("bwrap", "bwrap_warm", "subprocess", "subprocess_warm"):
@@ -67,4 +67,6 @@ def test_bench_sandbox_writes_the_keys(tmp_path, capsys):
         assert r["failures"] == 0 and r["p99_ms"] >= r["p50_ms"] > 0
         assert (r["max_concurrent_ok"], r["concurrency_failures"]) == (3, {"3": 0})
     assert "subprocess" in results  # the fallback runs everywhere
+    assert results["config"]["bench"]["concurrency"] == [3]
+    assert results["config"]["env.sandbox"]["memory_mb"] == 384  # the run config's sandbox section
     assert "p50 ms" in capsys.readouterr().out

@@ -1,12 +1,10 @@
 """The "funcs" task family: determinism, the held-out split, the corpus, reference solutions."""
 
-from tidal.config import load_config
-from tidal.tasks import build_corpus, sample_tasks
-from tidal.tasks.family import canonical, evaluate, is_heldout
+from tidal.envs.funcs import FuncsConfig, build_corpus, canonical, evaluate, is_heldout, sample_tasks
 
 
 def test_deterministic_from_seed():
-    env = load_config().env
+    env = FuncsConfig()
     a = sample_tasks(env, 20, seed=3, heldout=False)
     b = sample_tasks(env, 20, seed=3, heldout=False)
     c = sample_tasks(env, 20, seed=4, heldout=False)
@@ -15,7 +13,7 @@ def test_deterministic_from_seed():
 
 
 def test_heldout_disjoint_from_training_by_construction():
-    env = load_config().env
+    env = FuncsConfig()
     held = sample_tasks(env, 200, seed=0, heldout=True)
     train = sample_tasks(env, 5000, seed=1, heldout=False)
     assert len({canonical(t.spec) for t in held}) == 200
@@ -24,12 +22,12 @@ def test_heldout_disjoint_from_training_by_construction():
 
 
 def test_levels_respected():
-    env = load_config(None, ["--env.min_level", "2", "--env.max_level", "2"]).env
+    env = FuncsConfig(min_level=2, max_level=2)
     assert {t.level for t in sample_tasks(env, 50, seed=0, heldout=False)} == {2}
 
 
 def test_reference_solution_matches_hidden_tests():
-    env = load_config().env
+    env = FuncsConfig()
     for task in sample_tasks(env, 100, seed=5, heldout=False):
         ns: dict = {}
         exec(task.prompt + task.reference_solution, ns)
@@ -49,11 +47,11 @@ def wrong_documents(docs: list[str]) -> int:
 
 
 def test_corpus_from_training_split_only_with_bugs():
-    env = load_config().env
+    env = FuncsConfig()
     docs = build_corpus(env, 400, seed=0)
     assert len(docs) == 400
     held_prompts = {t.prompt.split("\n")[0] for t in sample_tasks(env, 300, seed=0, heldout=True)}
     assert not held_prompts & {d.split("\n")[0] for d in docs}
     assert 0.15 < wrong_documents(docs) / len(docs) < 0.7  # a realistic share of buggy solutions
-    clean = build_corpus(load_config(None, ["--env.corpus_bug_rate", "0"]).env, 100, seed=0)
+    clean = build_corpus(FuncsConfig(corpus_bug_rate=0), 100, seed=0)
     assert wrong_documents(clean) == 0

@@ -28,7 +28,8 @@ DtypeName = Annotated[Literal["auto", "float32", "bfloat16"], AUTO_DTYPE]
 class Section(BaseModel):
     """A config section. ``extra="forbid"`` makes a misspelt key an error naming the key."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(),
+                              use_attribute_docstrings=True)
 
     _auto_dtypes: dict[str, str] = PrivateAttr(default_factory=dict)
     """Dtype fields that were "auto", each with the dtype "auto" chose."""

@@ -88,11 +88,16 @@ class Trajectory:
     """One sampled attempt at one task: a chain of segments and the episode's reward.
 
     group_id ties together the G samples of one task for GRPO's group-normalised advantage.
-    reason: why the reward is what it is ("pass", "wrong_answer", "syntax_error", "timeout", ...).
+    reason: why the reward is what it is ("pass", "wrong_answer", "syntax_error", "timeout", ...;
+        "prompt_too_long": the task was skipped, with no segments).
+    solved: whether the episode solved its task, by its environment's rule
+        (``EnvironmentSpec.success``), set once by the harness when the episode ends; every pass
+        rate counts it.
+    level: the task's difficulty as the environment reported it (None if it has none).
     episode: the harness's statistics of the episode (turns, resets, tokens, ...).
-    info: the environment's own numeric reports from its step results, free-form and per
-        environment (reward components such as ``reward/tests_pass``, ``passed``, ``level``);
-        the last value of each key over the episode.
+    info: the environment's other numeric reports from its step results, free-form and per
+        environment (reward components such as ``reward/tests_pass``, ``passed``); the last
+        value of each key over the episode.
     """
 
     task_id: str
@@ -101,6 +106,8 @@ class Trajectory:
     reward: float = 0.0
     reason: str = ""
     info: dict[str, float] = field(default_factory=dict)
+    solved: bool = False
+    level: int | None = None
     episode: EpisodeStats = field(default_factory=EpisodeStats)
 
     @property

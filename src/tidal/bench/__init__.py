@@ -1,6 +1,8 @@
 """Benchmarks: each compares tidal side by side with a named peer in one run and prints ratios.
 
-Each benchmark is a module here exposing ``add_arguments(parser)`` and ``run_from_args(args)``;
+Each benchmark is a module here configured through ``tidal.bench.config`` (its own ``BenchSection``
+of ``--bench.*`` fields, the run config from tidal's loader, and ``run``; see that module), or,
+until they move to it, through its own ``add_arguments(parser)`` and ``run_from_args(args)``.
 ``BENCHMARKS`` maps the name used in ``tidal bench NAME`` to that module and a one-line summary.
 Modules are imported only when their benchmark runs (most import torch).
 """

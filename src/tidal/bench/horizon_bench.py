@@ -3,7 +3,7 @@
     tidal bench horizon --json horizon.json                 # ~28 min on 2 CPU cores
     tidal bench horizon --quick --json horizon.json         # smaller budgets (QUICK; not timed)
 
-On the "ledger" family (tidal.tasks.longhorizon: the steps of f are read early, in files many
+On the "ledger" family (tidal.envs.ledger: the steps of f are read early, in files many
 context windows before f is written), at each context window W:
 
     drill + mid-train once (cached) ──> model before RL ──┬─> eval, summarize mode ──> before_rl
@@ -14,7 +14,7 @@ context windows before f is written), at each context window W:
 The peer is plain truncation: the harness's sliding window (keep the head and the newest turns)
 with the same model, the same mid-training, the same RL algorithm and the same wall-clock budget.
 Mid-training is next-token prediction of the scripted expert's turns and summaries in its
-episodes, in the harness's own token format (tidal.tasks.longhorizon_demos): first a drill at a
+episodes, in the harness's own token format (tidal.envs.ledger.demos): first a drill at a
 small window (one file per context, so a summary to copy every ~200 tokens), then the compared
 windows. Without the drill, 10 minutes on the compared windows taught the model to carry each
 step's operator but not its constant (success 0.00-0.12); with 5 + 5 minutes it carries both
@@ -55,6 +55,7 @@ from pydantic import Field  # noqa: E402
 
 import tidal  # noqa: E402
 from tidal.bench.common import write_json  # noqa: E402
+from tidal.envs.ledger.demos import harness_for  # noqa: E402  (the family's harness settings)
 from tidal.section import Section  # noqa: E402
 
 MODES = ("summarize", "truncate")
@@ -123,31 +124,11 @@ QUICK = {"demo_episodes": 2000, "drill_s": 150.0, "pretrain_s": 150.0, "rl_s": 4
 
 # ---------------------------------------------------------------- per-window settings
 
-
-def harness_for(window: int, mode: str, max_turns: int = 10_000, max_tokens: int = 1_000_000,
-                max_ops: int = 2):
-    """The harness settings of the ledger family at ``window``: room for exactly the longest
-    submit turn and the longest summary of ``max_ops`` steps. Every token of room kept free
-    beyond those is window lost to each segment, and more segments mean more summaries that
-    must carry the facts."""
-    from tidal.env.toolcall import format_call
-    from tidal.harness import HarnessConfig
-    from tidal.harness.episode import SUMMARY_CLOSE
-    from tidal.tasks.longhorizon import longest_code
-
-    code = longest_code(max_ops)
-    return HarnessConfig(context_window=window, context_mode=mode, summary_trigger=0.95,
-                         summary_max_tokens=len(code) + len(SUMMARY_CLOSE), truncate_keep=0.5,
-                         max_turns=max_turns, max_tokens=max_tokens,
-                         max_turn_tokens=len(format_call("submit", {"code": code})),
-                         max_observation_tokens=128)
-
-
 def ledger_for(window: int, horizon: float, slip_rate: float):
     """A LedgerConfig whose expert episodes are at least ``horizon`` windows long at ``window``:
     the file count is scaled from a first guess by the expert's measured horizon, then grown
     until every probe episode is long enough."""
-    from tidal.tasks.longhorizon_config import LedgerConfig
+    from tidal.envs.ledger.config import LedgerConfig
 
     files = math.ceil(horizon * window / 110)
     for _ in range(20):
@@ -161,8 +142,8 @@ def ledger_for(window: int, horizon: float, slip_rate: float):
 
 def expert_stats(cfg, window: int, n: int = 8) -> dict:
     """The slip-free expert on ``n`` training tasks: per-episode horizon, tokens, resets."""
-    from tidal.tasks.longhorizon import sample_tasks
-    from tidal.tasks.longhorizon_demos import play_expert
+    from tidal.envs.ledger.tasks import sample_tasks
+    from tidal.envs.ledger.demos import play_expert
 
     results = play_expert(sample_tasks(cfg, n, 7, False), window, 0.0, 0,
                           harness_for(window, "summarize", max_ops=cfg.max_ops))
@@ -177,10 +158,10 @@ def expert_success(spec, tasks, setup: "WindowSetup", mode: str) -> float:
     """The slip-free scripted expert's success on ``tasks`` in ``mode``, graded like the model:
     the family's ceiling with summaries, and what a perfect reader keeps through a sliding
     window (nothing: the steps are read windows before f is written)."""
-    from tidal.tasks.longhorizon_demos import play_expert
+    from tidal.envs.ledger.demos import play_expert
 
     results = play_expert(tasks, setup.window, 0.0, 0, setup.harness(mode), env=spec.make)
-    return sum(r.reward >= 1.0 for r in results) / len(results)
+    return sum(spec.success(r.reward, r.info) for r in results) / len(results)
 
 
 class WindowSetup:
@@ -225,14 +206,14 @@ def midtrain_key(bc: HorizonBenchConfig, setups: list[WindowSetup]) -> str:
     """Hashes what makes the mid-trained model: the demonstrations' settings and the model and
     pretrain sections ``tidal_config`` builds (all of them, as tidal.pretrain.cache does)."""
     from tidal.pretrain.cache import NOT_HASHED
-    from tidal.tasks import longhorizon
+    from tidal.envs.ledger import tasks as longhorizon
 
     cfg = tidal_config(bc)
     what = {"bench": bc.model_dump(include={"windows", "horizon", "demo_episodes", "slip_rate", "seed",
                                             "drill_window", "drill_files", "drill_s"}),
             "model": cfg.model.model_dump(mode="json"),
             "pretrain": cfg.pretrain.model_dump(mode="json", exclude=NOT_HASHED["pretrain"]),
-            "ledger": [s.ledger.model_dump() for s in setups],
+            "ledger": [s.ledger.model_dump(exclude={"corpus_window"}) for s in setups],
             "harness": [s.harness("summarize").model_dump() for s in setups],
             "generator": longhorizon.GENERATOR_VERSION, "tidal": tidal.__version__}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:12]
@@ -252,7 +233,7 @@ def midtrain(bc: HorizonBenchConfig, setups: list[WindowSetup], progress: bool) 
     staging = root.parent / f".{root.name}.tmp-{uuid.uuid4().hex[:8]}"
     facts = {}
     if bc.drill_s > 0:
-        from tidal.tasks.longhorizon_config import LedgerConfig
+        from tidal.envs.ledger.config import LedgerConfig
 
         drill = LedgerConfig(num_files=bc.drill_files, summary_slip_rate=bc.slip_rate)
         episodes = max(1, bc.demo_episodes // 2)
@@ -277,7 +258,7 @@ def _midtrain_stage(cfg, out: Path, windows: list, episodes: int, seed: int, pro
     window, harness) in ``windows``; the model lands in ``out``. Returns the stage's facts."""
     from tidal.model.tokenizer import ByteTokenizer
     from tidal.pretrain.loop import METRICS_FILE, pretrain
-    from tidal.tasks.longhorizon_demos import demo_rows, demo_segments
+    from tidal.envs.ledger.demos import demo_rows, demo_segments
 
     t0 = time.perf_counter()
     segments = []
@@ -335,7 +316,7 @@ def rl(policy: Policy, spec, setup: WindowSetup, mode: str, bc: HorizonBenchConf
         policy.sync()
         step += 1
         curve.append({"step": step, "wall_s": time.perf_counter() - start,
-                      "success": sum(t.reward >= 1.0 for t in trajs) / len(trajs),
+                      "success": sum(t.solved for t in trajs) / len(trajs),
                       "loss": metrics.loss, "kl": metrics.kl})
     return {"steps": step, "wall_s": time.perf_counter() - start, "curve": curve}
 
@@ -343,7 +324,7 @@ def rl(policy: Policy, spec, setup: WindowSetup, mode: str, bc: HorizonBenchConf
 def evaluate(policy: Policy, spec, tasks, harness) -> dict:
     trajs = episodes(policy, spec, tasks, harness, 1)
     horizon = [t.episode.effective_horizon for t in trajs]
-    return {"success": sum(t.reward >= 1.0 for t in trajs) / len(trajs),
+    return {"success": sum(t.solved for t in trajs) / len(trajs),
             "effective_horizon": statistics.mean(horizon),
             "effective_horizon_min": min(horizon),
             "resets": statistics.mean(t.episode.resets for t in trajs),
@@ -353,11 +334,11 @@ def evaluate(policy: Policy, spec, tasks, harness) -> dict:
 
 
 def run_window(model_dir: Path, setup: WindowSetup, bc: HorizonBenchConfig, sandbox, log) -> dict:
-    from tidal.env.longhorizon import load_environment
+    from tidal.envs.ledger.environment import load_environment
 
     cfg = tidal_config(bc).model_copy()
     cfg.engine.max_seq_len = setup.window
-    spec = load_environment(sandbox, **setup.ledger.model_dump())
+    spec = load_environment(sandbox, setup.ledger)
     heldout = spec.sample_tasks(bc.eval_tasks, 20261130, True)
     before = Policy(model_dir, cfg, bc.lr)
     out = {"window": setup.window, "num_files": setup.ledger.num_files,

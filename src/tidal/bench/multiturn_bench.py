@@ -31,7 +31,7 @@ def rollout(model, window: int, episodes: int, prefix_cache: bool, numerics: str
     from tidal.bench.horizon_bench import HorizonBenchConfig, WindowSetup
     from tidal.engine.config import EngineConfig
     from tidal.engine.engine import Engine
-    from tidal.env.longhorizon import load_environment
+    from tidal.envs.ledger.environment import load_environment
     from tidal.harness import run_episodes
     from tidal.model.tokenizer import ByteTokenizer
     from tidal.sandbox import Sandbox
@@ -41,7 +41,7 @@ def rollout(model, window: int, episodes: int, prefix_cache: bool, numerics: str
                        temperature=1.0, seed=0, prefix_cache=prefix_cache, numerics=numerics)
     engine = Engine(model, ByteTokenizer(), cfg)
     setup = WindowSetup(window, HorizonBenchConfig(windows=[window]))  # episodes >= 10.5 windows
-    spec = load_environment(Sandbox(SandboxConfig()), **setup.ledger.model_dump())
+    spec = load_environment(Sandbox(SandboxConfig()), setup.ledger)
     tasks = spec.sample_tasks(episodes, 0, False)
     harness = setup.harness("summarize")
     start = time.perf_counter()

@@ -1,7 +1,8 @@
 """Sandbox start-to-result latency and concurrency, per backend, beside an unsandboxed peer.
 
     tidal bench sandbox --json sandbox.json                  # defaults below
-    tidal bench sandbox --runs 50 --concurrency 8,64 --json s.json
+    tidal bench sandbox --bench.runs 50 --bench.concurrency 8,64 --json s.json
+    tidal bench sandbox --env.sandbox.memory_mb 256 --json s.json   # any sandbox setting
 
 Latency: a trivial program (`print(1)`) is run `runs` times per variant, one at a time, the
 variants interleaved round by round so that load from other jobs on this shared machine hits
@@ -23,6 +24,9 @@ Profile: cold runs of `true` (no Python) on bwrap and on plain subprocess, to sp
 run into process spawn, sandbox setup (namespaces, mounts, rlimits, uid) and interpreter start.
 Rollouts: opening a rollout over an image of `image_files` files, running one program in it
 and closing it, with an overlay and with a copy of the image.
+
+Every sandbox is the run config's ``[env.sandbox]`` (limits, interpreter, bwrap binary) with the
+variant's backend and warm pool; concurrency runs get a 30 s timeout, rollouts their layout.
 """
 
 from __future__ import annotations
@@ -34,8 +38,13 @@ import sys
 import threading
 import time
 
+from pydantic import Field
+
 from tidal.bench.common import write_json
+from tidal.bench.config import IntList, config_record, main
+from tidal.config import TidalConfig
 from tidal.sandbox import Sandbox, SandboxConfig, SandboxError, TaskImage
+from tidal.section import Section
 
 PROGRAM = "print(1)"
 VARIANTS = {  # name -> (backend, warm)
@@ -52,33 +61,48 @@ def default_python() -> str:
     return "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else ""
 
 
-def add_arguments(p) -> None:
-    p.add_argument("--runs", type=int, default=100, help="sequential runs per variant")
-    p.add_argument("--gap-ms", type=float, default=20.0,
-                   help="pause between sequential runs, not timed (the model generating)")
-    p.add_argument("--concurrency", default="16,64", help="comma-separated N to try at once")
-    p.add_argument("--image-files", type=int, default=200, help="files in the rollout image")
-    p.add_argument("--python", default=default_python(), help="interpreter for every variant")
-    p.add_argument("--json", help="write the results here")
+READS = ("env.sandbox",)
+"""What of the run config this benchmark uses (recorded in its JSON under "config")."""
 
 
-def run_from_args(args) -> int:
-    levels = [int(n) for n in args.concurrency.split(",")]
-    results = run_sandbox_bench(args.runs, args.gap_ms / 1000, levels, args.image_files,
-                                args.python)
-    if args.json:
-        write_json(args.json, results)
+class BenchSection(Section):
+    """Sandboxes are the run config's [env.sandbox] with each variant's backend and warm pool;
+    env.sandbox.python "" means /usr/bin/python3 where present (see default_python), else the
+    base interpreter of the running Python; every variant and the plain peer use the same."""
+
+    runs: int = Field(100, ge=1)
+    """Sequential runs per variant (p50 and p99 of their start-to-result time)."""
+    gap_ms: float = Field(20.0, ge=0)
+    """Pause between sequential runs, ms, not timed: the model generating the next program."""
+    concurrency: IntList = Field(default_factory=lambda: [16, 64])
+    """How many runs to start at once, each N tried in turn."""
+    image_files: int = Field(200, ge=1)
+    """Files in the rollout image (each ~4 KB)."""
+
+
+def run(bench: BenchSection, cfg: TidalConfig, json_path: str | None) -> int:
+    results = run_sandbox_bench(bench, cfg.env.sandbox)
+    results["config"] = config_record(bench, cfg, READS)
+    if json_path:
+        write_json(json_path, results)
     print_table(results)
-    if args.json:
-        print(f"wrote {args.json}")
+    if json_path:
+        print(f"wrote {json_path}")
     return 0
 
 
-def run_sandbox_bench(runs: int, gap_s: float, levels: list[int], image_files: int,
-                      python: str) -> dict:
-    python = python or os.path.realpath(getattr(sys, "_base_executable", sys.executable))
-    sandboxes = open_sandboxes(python, warm_pool=2)
-    results: dict = {"runs": runs, "gap_ms": gap_s * 1000, "python": python,
+def with_changes(base: SandboxConfig, **changes) -> SandboxConfig:
+    """``base`` with ``changes``, validated."""
+    return SandboxConfig.model_validate({**base.model_dump(), **changes})
+
+
+def run_sandbox_bench(bench: BenchSection, base: SandboxConfig) -> dict:
+    python = (base.python or default_python()
+              or os.path.realpath(getattr(sys, "_base_executable", sys.executable)))
+    base = with_changes(base, python=python)
+    runs, gap_s = bench.runs, bench.gap_ms / 1000
+    sandboxes = open_sandboxes(base, warm_pool=2)
+    results: dict = {"runs": runs, "gap_ms": bench.gap_ms, "python": python,
                      "cpus": os.cpu_count(), "loadavg_1m": os.getloadavg()[0],
                      "unavailable": {}}
     try:
@@ -88,7 +112,7 @@ def run_sandbox_bench(runs: int, gap_s: float, levels: list[int], image_files: i
         for name, times in latencies(runners, runs, gap_s).items():
             results[name] = summarize(times)
         results["profile"] = profile(sandboxes, runs, gap_s)
-        results["rollout"] = rollout_costs(python, image_files, max(runs // 5, 5))
+        results["rollout"] = rollout_costs(base, bench.image_files, max(runs // 5, 5))
     finally:
         for name, sb in sandboxes.items():
             if isinstance(sb, str):
@@ -97,7 +121,7 @@ def run_sandbox_bench(runs: int, gap_s: float, levels: list[int], image_files: i
                 sb.close()
     for name, (backend, warm) in VARIANTS.items():
         if name in results:
-            results[name].update(concurrency(python, backend, warm, levels))
+            results[name].update(concurrency(base, backend, warm, bench.concurrency))
     peer = results["plain"]["p50_ms"]
     for name in VARIANTS:
         if name in results:
@@ -105,13 +129,13 @@ def run_sandbox_bench(runs: int, gap_s: float, levels: list[int], image_files: i
     return results
 
 
-def open_sandboxes(python: str, warm_pool: int) -> dict:
+def open_sandboxes(base: SandboxConfig, warm_pool: int) -> dict:
     """name -> Sandbox, or -> why that variant cannot run here."""
     sandboxes = {}
     for name, (backend, warm) in VARIANTS.items():
         try:
-            sandboxes[name] = Sandbox(SandboxConfig(backend=backend, python=python,
-                                                    warm_pool=warm_pool if warm else 0))
+            sandboxes[name] = Sandbox(with_changes(base, backend=backend,
+                                                   warm_pool=warm_pool if warm else 0))
         except SandboxError as e:
             sandboxes[name] = str(e)
     return sandboxes
@@ -153,14 +177,14 @@ def profile(sandboxes: dict, runs: int, gap_s: float) -> dict:
     return {name: summarize(t)["p50_ms"] for name, t in latencies(runners, runs, gap_s).items()}
 
 
-def rollout_costs(python: str, image_files: int, runs: int) -> dict:
+def rollout_costs(base: SandboxConfig, image_files: int, runs: int) -> dict:
     """ms to open a rollout over the image, run `print(1)` in it and close it, per layout."""
     files = {f"pkg{i % 10}/mod{i}.py": f"X = {i}\n" + "# padding\n" * 400
              for i in range(image_files)}
     out = {"image_files": image_files}
     with TaskImage.from_files(files) as image:
         for mode in ("overlay", "copy"):
-            cfg = SandboxConfig(python=python, warm_pool=0, copy_on_write=mode)
+            cfg = with_changes(base, warm_pool=0, copy_on_write=mode)
             try:
                 sandbox = Sandbox(cfg)
                 sandbox.copy_on_write_mode()
@@ -177,12 +201,11 @@ def rollout_costs(python: str, image_files: int, runs: int) -> dict:
     return out
 
 
-def concurrency(python: str, backend: str, warm: bool, levels: list[int]) -> dict:
+def concurrency(base: SandboxConfig, backend: str, warm: bool, levels: list[int]) -> dict:
     """max_concurrent_ok and the throughput there (see the module docstring)."""
     best = {"max_concurrent_ok": 0, "throughput_per_s": None, "concurrency_failures": {}}
     for n in levels:
-        cfg = SandboxConfig(backend=backend, python=python, warm_pool=n if warm else 0,
-                            timeout_s=30.0)
+        cfg = with_changes(base, backend=backend, warm_pool=n if warm else 0, timeout_s=30.0)
         with Sandbox(cfg) as sandbox:
             if warm:
                 for future in list(sandbox._pool._ready):  # measure with the pool full
@@ -235,3 +258,7 @@ def print_table(results: dict) -> None:
     print("rollout open+run+close p50 ms:", results["rollout"])
     for name, why in results["unavailable"].items():
         print(f"{name}: unavailable: {why}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.modules[__name__], "sandbox"))

@@ -35,11 +35,27 @@ def dtype_line(cfg, keys: tuple[str, ...]) -> str:
     return "dtype: " + ", ".join(parts) + why
 
 
+def check_environment(cfg, mid_training: bool) -> str:
+    """Import and build the selected environment now (without a sandbox: nothing costly
+    starts), so a wrong env.name, a missing module or a bad env.args fails in the first second
+    instead of after mid-training; with ``mid_training``, also that a corpus can be had. Returns
+    a comment line naming the environment and its resolved args."""
+    from tidal.env import from_config, registry, require_corpus, resolved_args
+
+    spec = from_config(cfg.env)
+    if mid_training and not cfg.pretrain.corpus:
+        require_corpus(spec, cfg.env.name)
+    args = json.dumps(resolved_args(cfg.env), sort_keys=True)
+    return f"# env: {cfg.env.name} ({registry.module_path(cfg.env.name)}), args {args}"
+
+
 def cmd_train(args, rest) -> int:
     if args.resume:
         return _resume(args, rest)
     cfg = _load(args, rest)
+    env_line = check_environment(cfg, mid_training=not cfg.model.init_from)
     if args.dry_run:
+        print(env_line)
         _print_config(cfg, TRAIN_DTYPES)
         return 0
     from tidal.pretrain.cache import cached_pretrained
@@ -71,6 +87,7 @@ def _resume(args, rest) -> int:
     if not (run_dir / "config.toml").is_file() or not (run_dir / "run_info.json").is_file():
         raise ConfigError(f"--resume {run_dir}: not a tidal run folder (no config.toml / run_info.json)")
     cfg = load_config(run_dir / "config.toml", rest)
+    check_environment(cfg, mid_training=False)
     print(dtype_line(cfg, TRAIN_DTYPES), flush=True)
     info = json.loads((run_dir / "run_info.json").read_text())
     return _rl(cfg, run_dir, info, resume=True, t0=time.perf_counter())
@@ -125,7 +142,9 @@ def _config_toml(cfg, dtypes: tuple[str, ...], recipe: bool) -> str:
 
 def cmd_pretrain(args, rest) -> int:
     cfg = _load(args, rest)
+    env_line = check_environment(cfg, mid_training=True)
     if args.dry_run:
+        print(env_line)
         _print_config(cfg, PRETRAIN_DTYPES)
         return 0
     from tidal.pretrain.loop import pretrain
@@ -150,9 +169,9 @@ def cmd_eval(args, rest) -> int:
 
     cfg = _load(args, rest)
     oc = cfg.orchestrator
+    env = from_config(cfg.env, Sandbox(cfg.env.sandbox))  # first: a bad env fails at once
     model = from_pretrained(args.checkpoint, dtype=getattr(torch, cfg.model.dtype))
     engine = Engine(model, load_tokenizer(args.checkpoint), cfg.engine)
-    env = from_config(cfg.env, Sandbox(cfg.env.sandbox))
     tasks = env.sample_tasks(args.tasks or oc.heldout_tasks, oc.heldout_seed, True)
     result = heldout_pass1(engine, env, tasks, cfg.harness, oc.eval_samples_per_task)
     result["checkpoint"] = str(args.checkpoint)

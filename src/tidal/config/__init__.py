@@ -18,7 +18,7 @@ from tidal.model.config import ModelConfig
 from tidal.orchestrator.config import OrchestratorConfig
 from tidal.pretrain.config import PretrainConfig
 from tidal.sync.config import SyncConfig
-from tidal.tasks.config import EnvConfig
+from tidal.env.config import EnvConfig
 from tidal.trainer.config import TrainerConfig
 
 
@@ -56,10 +56,6 @@ class TidalConfig(Section):
             raise ValueError(
                 f"harness.context_window ({self.harness.context_window}) exceeds "
                 f"engine.max_seq_len ({self.engine.max_seq_len})"
-            )
-        if self.env.min_level > self.env.max_level:
-            raise ValueError(
-                f"env.min_level ({self.env.min_level}) exceeds env.max_level ({self.env.max_level})"
             )
         return self
 

@@ -72,7 +72,7 @@ def _explain(err: ValidationError) -> str:
         if e["type"] == "extra_forbidden":
             lines.append(f"unknown config key '{where}': remove it or check its spelling")
         else:
-            lines.append(f"{where}: {e['msg']}")
+            lines.append(f"{where}: {e['msg'].removeprefix('Value error, ')}")
     return "invalid config:\n  " + "\n  ".join(lines)
 
 

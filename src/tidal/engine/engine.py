@@ -34,63 +34,25 @@ Weights: ``load_weights`` copies new weights in place between steps; running seq
 their slots and continue, and tokens sampled afterwards record the new version. With
 ``recompute_kv_on_reload`` the running sequences' KV cache is recomputed under the new weights.
 Not thread-safe: call ``submit``/``step``/``load_weights`` from one thread (an actor serialises).
+
+This module holds the step loop and the bookkeeping; slots.py the per-slot tensors and slot
+moves, prefill.py the packed (chunked) prefill forward, prefix_cache.py the parked slots.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from tidal.engine.config import EngineConfig
+from tidal.engine.prefill import prefill_forward
+from tidal.engine.prefix_cache import PrefixCache
 from tidal.engine.request import FinishReason, GenerationRequest, GenerationResult
 from tidal.engine.sampling import greedy, sample
+from tidal.engine.slots import Batch, RunningSequence, SlotState
 from tidal.model.kv_cache import KVCache
-
-
-@dataclass
-class _Sequence:
-    """Python-side facts about a running request; the per-token data is in the slot tensors."""
-
-    request_id: int
-    request: GenerationRequest
-    prompt_len: int
-    stop: list[str]
-    tail_tokens: int
-    """Completion tokens decoded to look for a stop string: longest stop string + slack."""
-    limit: int  # sequence length at which the slot stops ("length")
-    temperature: float
-    top_p: float
-    cached: int = 0
-    """Prompt tokens whose keys/values a parked slot already held (not prefilled)."""
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    @property
-    def stop_on_eos(self) -> bool:
-        return not self.request.ignore_eos
-
-
-@dataclass
-class _Batch:
-    """The rows of the per-slot state (views) and settings of a consecutive run of slots; the
-    decode batch is rebuilt only when the running set changes."""
-
-    slots: range  # consecutive (running sequences are kept in slots 0..n-1)
-    tokens: torch.Tensor  # [B, max_seq_len] view of the slots' rows of the engine's state
-    logprobs: torch.Tensor  # [B, max_seq_len] view
-    versions: torch.Tensor  # [B, max_seq_len] view
-    length: torch.Tensor  # [B] view
-    temperature: torch.Tensor  # [B]
-    all_greedy: bool  # every row has temperature 0: argmax, no sampling machinery
-    top_p: torch.Tensor  # [B]
-    limit: torch.Tensor  # [B] sequence length at which the slot stops ("length")
-    stop_on_eos: torch.Tensor | None  # [B] bool; None when no row stops on eos
-    stop_rows: list[int]  # rows (indices into slots) of sequences with stop strings
 
 
 class Engine:
@@ -119,31 +81,14 @@ class Engine:
         slots, length = cfg.max_batch_size, cfg.max_seq_len
         self.cache = KVCache.for_model(mcfg, slots, length, dtype=weight.dtype, device=self.device)
         self._generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self._state = SlotState(self.cache, mcfg, slots, length, self.device)
+        self._prefix = PrefixCache(self._state, slots)
 
-        def zeros(*shape, dtype=torch.long):
-            return torch.zeros(shape, dtype=dtype, device=self.device)
-
-        self._tokens = zeros(slots, length)  # prompt + completion of each slot's sequence
-        self._logprobs = zeros(slots, length, dtype=torch.float32)  # at completion positions
-        self._versions = zeros(slots, length)
-        self._experts = (
-            zeros(slots, length, mcfg.num_hidden_layers, mcfg.num_experts_per_tok, dtype=torch.int32)
-            if self.is_moe else None
-        )
-        self._length = zeros(slots)  # tokens held (prompt + generated)
-        self._limit = zeros(slots)
-        self._temperature = zeros(slots, dtype=torch.float32)
-        self._top_p = zeros(slots, dtype=torch.float32)
-        self._stop_on_eos = zeros(slots, dtype=torch.bool)
-
-        self._running: dict[int, _Sequence] = {}  # slot -> sequence; slots are 0..n-1
+        self._running: dict[int, RunningSequence] = {}  # slot -> sequence; slots are 0..n-1
         self._waiting: deque[tuple[int, GenerationRequest]] = deque()
-        self._batch: _Batch | None = None  # None = running set changed, rebuild
+        self._batch: Batch | None = None  # None = running set changed, rebuild
         self._next_id = 0
         self._finished_elsewhere: list[GenerationResult] = []  # seen by generate(), not its own
-        self._parked: dict[int, tuple[list[int], list[int]]] = {}
-        """Free slot -> the tokens whose keys/values it still holds (a finished sequence but its
-        last token, which was never fed) and their block hashes."""
         self.prefill_tokens = 0
         """Prompt tokens prefilled so far."""
         self.cached_tokens = 0
@@ -200,12 +145,12 @@ class Engine:
         state = weights.state_dict() if isinstance(weights, nn.Module) else weights
         self.model.load_state_dict(state, strict=True)
         self._version = version
-        self._parked.clear()  # their keys/values are of the old weights
+        self._prefix.clear()  # their keys/values are of the old weights
         if self.cfg.recompute_kv_on_reload and self._running:
             with torch.inference_mode():
                 # Everything but each sequence's newest token, which the next decode step feeds.
-                lengths = (self._length[: len(self._running)] - 1).tolist()
-                self._prefill_forward(0, lengths, want_experts=False)
+                lengths = (self._state.length[: len(self._running)] - 1).tolist()
+                prefill_forward(self.model, self._state, self.cfg, 0, lengths, want_experts=False)
 
     # ---------------------------------------------------------------- one step
 
@@ -231,27 +176,19 @@ class Engine:
         seqs = [self._sequence(request_id, req) for request_id, req in taken]
         if self.cfg.prefix_cache:
             for slot, seq in zip(slots, seqs):
-                seq.cached = self._claim(slot, seq.request.prompt_ids, slots.stop)
-        rows = slice(slots.start, slots.stop)
-        width = max(seq.prompt_len for seq in seqs)
-        prompts = [seq.request.prompt_ids + [0] * (width - seq.prompt_len) for seq in seqs]
-        self._tokens[rows, :width] = torch.tensor(prompts)
-        self._length[rows] = torch.tensor([seq.prompt_len for seq in seqs])
-        self._limit[rows] = torch.tensor([seq.limit for seq in seqs])
-        self._temperature[rows] = torch.tensor([seq.temperature for seq in seqs])
-        self._top_p[rows] = torch.tensor([seq.top_p for seq in seqs])
-        self._stop_on_eos[rows] = torch.tensor([seq.stop_on_eos for seq in seqs])
+                seq.cached = self._prefix.claim(slot, seq.request.prompt_ids, slots.stop)
+        self._state.admit(slots, seqs)
         self._running.update(zip(slots, seqs))
         self._batch = None
         return slots
 
-    def _sequence(self, request_id: int, req: GenerationRequest) -> _Sequence:
+    def _sequence(self, request_id: int, req: GenerationRequest) -> RunningSequence:
         """A request's settings, with the engine defaults filled in."""
         cfg = self.cfg
         prompt_len = len(req.prompt_ids)
         max_new = req.max_new_tokens if req.max_new_tokens is not None else cfg.max_new_tokens
         stop = req.stop if req.stop is not None else list(cfg.stop)
-        return _Sequence(
+        return RunningSequence(
             request_id, req, prompt_len, stop,
             tail_tokens=max((len(s) for s in stop), default=0) + 4,
             limit=min(prompt_len + max_new, cfg.max_seq_len),
@@ -266,53 +203,9 @@ class Engine:
         starts = [seq.cached for seq in seqs]
         self.cached_tokens += sum(starts)
         self.prefill_tokens += sum(lengths) - sum(starts)
-        logits, experts = self._prefill_forward(slots.start, lengths, want_experts=self.is_moe,
-                                                starts=starts)
+        logits, experts = prefill_forward(self.model, self._state, self.cfg, slots.start, lengths,
+                                          want_experts=self.is_moe, starts=starts)
         return self._record(self._make_batch(slots), logits, experts)
-
-    def _prefill_forward(
-        self, first_slot: int, lengths: list[int], want_experts: bool,
-        starts: list[int] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed ``self._tokens[slot, start:length]`` of slots ``first_slot, first_slot + 1, ...``
-        into the cache (``starts``: positions already cached, default 0), in right-padded groups
-        of at most ``max_prefill_tokens`` padded tokens.
-
-        Returns the logits [n, V] (and experts [n, layers, k] if asked) at each last position.
-        With experts, the routing of every earlier prompt position is recorded too (slot index
-        p + 1 holds position p's experts, as for completion tokens), so a trainer can replay the
-        whole sequence.
-        """
-        starts = starts or [0] * len(lengths)
-        spans = [n - s for n, s in zip(lengths, starts)]
-        last_logits, last_experts = [], []
-        for group in _pack(spans, self.cfg.max_prefill_tokens):
-            # Groups are consecutive runs of indices, so their slots are a range too.
-            slots = range(first_slot + group[0], first_slot + group[-1] + 1)
-            group_len = torch.tensor([lengths[i] for i in group], device=self.device)
-            group_start = torch.tensor([starts[i] for i in group], device=self.device)
-            width = max(spans[i] for i in group)
-            steps = torch.arange(width, device=self.device) + group_start.unsqueeze(1)  # [n, width]
-            positions = torch.where(steps < group_len.unsqueeze(1), steps, -1)
-            rows = slice(slots.start, slots.stop)
-            if any(starts[i] for i in group):
-                input_ids = self._tokens[rows].gather(1, steps.clamp(max=self.cfg.max_seq_len - 1))
-            else:
-                input_ids = self._tokens[rows, :width]
-            last = group_len - group_start - 1
-            out = self.model(
-                input_ids, positions=positions, cache=self.cache, slots=slots,
-                return_experts=want_experts, logits_at=last, deterministic=self.deterministic,
-            )
-            logits, experts = out if want_experts else (out, None)
-            last_logits.append(logits)
-            if experts is not None:
-                # Position p's routing goes to index p + 1; padding columns (position -1) land on
-                # index 0, which holds nothing.
-                slot_rows = torch.arange(slots.start, slots.stop, device=self.device).unsqueeze(1)
-                self._experts[slot_rows, positions + 1] = experts.to(torch.int32)
-                last_experts.append(experts[torch.arange(len(group), device=self.device), last])
-        return torch.cat(last_logits), (torch.cat(last_experts) if last_experts else None)
 
     def _decode(self) -> list[GenerationResult]:
         """One token for every running sequence."""
@@ -325,32 +218,18 @@ class Engine:
         logits, experts = out if self.is_moe else (out, None)
         return self._record(batch, logits[:, 0], experts[:, 0] if experts is not None else None)
 
-    def _build_batch(self) -> _Batch:
+    def _build_batch(self) -> Batch:
         self._batch = self._make_batch(range(len(self._running)))
         return self._batch
 
-    def _make_batch(self, slots: range) -> _Batch:
+    def _make_batch(self, slots: range) -> Batch:
         """Per-row views of the slot state for consecutive ``slots``."""
-        rows = slice(slots.start, slots.stop)
-        seqs = [self._running[s] for s in slots]
-        return _Batch(
-            slots=slots,
-            tokens=self._tokens[rows],
-            logprobs=self._logprobs[rows],
-            versions=self._versions[rows],
-            length=self._length[rows],
-            temperature=self._temperature[rows],
-            all_greedy=all(seq.greedy for seq in seqs),
-            top_p=self._top_p[rows],
-            limit=self._limit[rows],
-            stop_on_eos=self._stop_on_eos[rows] if any(seq.stop_on_eos for seq in seqs) else None,
-            stop_rows=[i for i, seq in enumerate(seqs) if seq.stop],
-        )
+        return self._state.batch(slots, [self._running[s] for s in slots])
 
     # ---------------------------------------------------------------- bookkeeping
 
     def _record(
-        self, batch: _Batch, logits: torch.Tensor, experts: torch.Tensor | None
+        self, batch: Batch, logits: torch.Tensor, experts: torch.Tensor | None
     ) -> list[GenerationResult]:
         """Sample one token per row from logits [B, V] (experts [B, layers, k]: where the router
         went at that position), append it to each slot's sequence; retire those that finished."""
@@ -364,8 +243,8 @@ class Engine:
         batch.versions.scatter_(1, at, self._version)
         if experts is not None:
             rows = torch.arange(batch.slots.start, batch.slots.stop, device=self.device)
-            self._experts[rows, batch.length] = experts.to(torch.int32)
-        new_length = batch.length.add_(1)  # a view: updates self._length in place
+            self._state.experts[rows, batch.length] = experts.to(torch.int32)
+        new_length = batch.length.add_(1)  # a view: updates the slot state in place
         at_limit = new_length >= batch.limit
         if batch.stop_on_eos is None:
             at_eos, ended = None, at_limit
@@ -390,29 +269,29 @@ class Engine:
         """Whether a stop string occurs in the decoded tail of the completion. Earlier text was
         checked on earlier steps, so only the last few tokens can hold a new occurrence."""
         seq = self._running[slot]
-        end = int(self._length[slot])
+        end = int(self._state.length[slot])
         start = max(seq.prompt_len, end - seq.tail_tokens)
-        text = self.tokenizer.decode(self._tokens[slot, start:end].tolist())
+        text = self.tokenizer.decode(self._state.tokens[slot, start:end].tolist())
         return any(s in text for s in seq.stop)
 
     def _retire(self, reasons: dict[int, FinishReason]) -> list[GenerationResult]:
         """Results of the finished slots (slot -> reason), read out with one transfer per field;
         their slots become free."""
         slots = list(reasons)
+        state = self._state
         index = torch.tensor(slots, device=self.device)
-        ends = self._length[index].tolist()
+        ends = state.length[index].tolist()
         width = max(ends)
-        tokens = self._tokens[index, :width].tolist()
-        logprobs = self._logprobs[index, :width].tolist()
-        versions = self._versions[index, :width].tolist()
-        experts = self._experts[index, :width].tolist() if self._experts is not None else None
+        tokens = state.tokens[index, :width].tolist()
+        logprobs = state.logprobs[index, :width].tolist()
+        versions = state.versions[index, :width].tolist()
+        experts = state.experts[index, :width].tolist() if state.experts is not None else None
         results = []
         for i, slot in enumerate(slots):
             seq = self._running.pop(slot)
             start, end = seq.prompt_len, ends[i]
             if self.cfg.prefix_cache:
-                held = tokens[i][: end - 1]  # the last token was never fed
-                self._parked[slot] = (held, _block_hashes(held))
+                self._prefix.park(slot, tokens[i][: end - 1])  # the last token was never fed
             token_ids = tokens[i][start:end]
             results.append(GenerationResult(
                 request_id=seq.request_id,
@@ -439,83 +318,12 @@ class Engine:
         movers = sorted(slot for slot in self._running if slot >= n)
         for src, dst in zip(movers, holes):
             self._running[dst] = self._running.pop(src)
-        if any(hole in self._parked for hole in holes):
+        if self._prefix.holds_any(holes):
             # Swap rather than overwrite: the holes' parked caches move to the movers' old slots.
-            self._swap_rows(movers, holes)
-            moved = dict(zip(holes, movers))
-            self._parked = {moved.get(k, k): v for k, v in self._parked.items()}
+            self._state.swap(movers, holes)
+            self._prefix.relabel(dict(zip(holes, movers)))
             return
-        src = torch.tensor(movers, device=self.device)
-        dst = torch.tensor(holes, device=self.device)
-        for t in self._slot_state():
-            t[dst] = t[src]
-        held = int(self._length[dst].max())  # cache positions in use by the moved sequences
-        for kc, vc in zip(self.cache.k, self.cache.v):
-            kc[dst, :, :held] = kc[src, :, :held]
-            vc[dst, :, :held] = vc[src, :, :held]
-
-    def _slot_state(self) -> list[torch.Tensor]:
-        """Every per-slot tensor (rows indexed by slot)."""
-        state = [self._tokens, self._logprobs, self._versions, self._length, self._limit,
-                 self._temperature, self._top_p, self._stop_on_eos]
-        return state + ([self._experts] if self._experts is not None else [])
-
-    def _swap_rows(self, a: list[int], b: list[int]) -> None:
-        """Exchange slots a[i] and b[i]: per-slot state and the cache positions either holds."""
-        left = torch.tensor(a + b, device=self.device)
-        right = torch.tensor(b + a, device=self.device)
-        held = int(self._length[left].max())  # a parked slot's length is its finished sequence's
-        for t in self._slot_state():
-            t[left] = t[right]  # the right side is gathered (a copy) before the write
-        for kc, vc in zip(self.cache.k, self.cache.v):
-            kc[left, :, :held] = kc[right, :, :held]
-            vc[left, :, :held] = vc[right, :, :held]
-
-    # ---------------------------------------------------------------- prefix cache
-
-    def _claim(self, slot: int, prompt: list[int], admitting_end: int) -> int:
-        """Prepare free ``slot`` for ``prompt``: bring the parked slot sharing its longest
-        prefix there (swapping rows). Returns how many prompt tokens it already holds (at most
-        all but the last, whose logits the first token needs). Slots ``slot..admitting_end-1``
-        are being filled now, so a displaced parked cache moves beyond them."""
-        if not self._parked:
-            return 0
-        best, best_blocks = None, 0
-        wanted = _block_hashes(prompt)
-        for held_slot, (_, hashes) in self._parked.items():
-            n = _common_prefix(hashes, wanted)
-            if n > best_blocks:
-                best, best_blocks = held_slot, n
-        best_len = 0
-        if best is not None:
-            held = self._parked[best][0]
-            start = best_blocks * PREFIX_BLOCK
-            if held[:start] == prompt[:start]:  # rules out a hash collision
-                best_len = start + _common_prefix(held[start: start + PREFIX_BLOCK],
-                                                  prompt[start: start + PREFIX_BLOCK])
-        best_len = min(best_len, len(prompt) - 1)
-        if best_len < PREFIX_BLOCK:
-            self._displace(slot, admitting_end)
-            return 0
-        del self._parked[best]
-        if best != slot:
-            self._swap_rows([best], [slot])
-            displaced = self._parked.pop(slot, None)  # now in best's old rows
-            if displaced is not None:
-                self._parked[best] = displaced
-        return best_len
-
-    def _displace(self, slot: int, admitting_end: int) -> None:
-        """``slot`` is about to be overwritten: keep its parked cache in a free slot that holds
-        nothing, if there is one, else drop it."""
-        held = self._parked.pop(slot, None)
-        if held is None:
-            return
-        for free in range(admitting_end, self.cfg.max_batch_size):
-            if free not in self._parked:
-                self._swap_rows([slot], [free])
-                self._parked[free] = held
-                return
+        self._state.move(movers, holes)
 
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         limit = self.cfg.max_seq_len - 1
@@ -532,49 +340,3 @@ class Engine:
                 f"got ids from {low} to {high}"
             )
 
-
-PREFIX_BLOCK = 16
-"""Parked sequences are matched by chained hashes of whole blocks of this many tokens (vLLM's
-automatic prefix caching does the same), so a lookup compares a few hashes per parked slot
-instead of hundreds of tokens; shorter shared prefixes are prefilled again."""
-
-
-def _block_hashes(tokens: list[int]) -> list[int]:
-    """h[i] = hash of tokens[: (i + 1) * PREFIX_BLOCK] (chained), for every whole block."""
-    out, h = [], 0
-    for start in range(0, len(tokens) - PREFIX_BLOCK + 1, PREFIX_BLOCK):
-        h = hash((h, *tokens[start: start + PREFIX_BLOCK]))
-        out.append(h)
-    return out
-
-
-def _common_prefix(a: list, b: list) -> int:
-    """Length of the longest common prefix of two lists (slice comparisons run in C)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    low, high = 0, n  # a[:low] == b[:low], a[:high] != b[:high]
-    while high - low > 1:
-        mid = (low + high) // 2
-        if a[:mid] == b[:mid]:
-            low = mid
-        else:
-            high = mid
-    return low
-
-
-def _pack(lengths: list[int], budget: int) -> list[list[int]]:
-    """Split indices 0..n-1 into consecutive groups whose padded size (count x longest) stays
-    within ``budget``; a single over-budget item forms a group alone."""
-    groups: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i, n in enumerate(lengths):
-        if current and (len(current) + 1) * max(longest, n) > budget:
-            groups.append(current)
-            current, longest = [], 0
-        current.append(i)
-        longest = max(longest, n)
-    if current:
-        groups.append(current)
-    return groups

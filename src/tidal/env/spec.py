@@ -1,4 +1,5 @@
-"""EnvironmentSpec: what ``load_environment(**kwargs)`` returns — how to make episodes and tasks."""
+"""EnvironmentSpec: what ``load_environment(...)`` returns — how to make episodes, tasks, a
+mid-training corpus, and what counts as solving a task."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ class EnvTask(Protocol):
     prompt: str
 
 
+def reward_reaches_one(reward: float, info: dict[str, Any]) -> bool:
+    """The default success rule: the episode's reward is at least 1.0."""
+    return reward >= 1.0
+
+
 @dataclass
 class EnvironmentSpec:
     """A loaded environment.
@@ -24,12 +30,15 @@ class EnvironmentSpec:
     make: a fresh Environment for one episode (called once per episode; episodes run at once).
     sample_tasks: ``(n, seed, heldout) -> list[task]``, deterministic in its arguments; training
         (heldout=False) and held-out tasks never overlap.
-    build_corpus: optional ``(n_docs, seed) -> list[str]``: mid-training documents from the
-        training split. Not read yet: ``tidal pretrain`` (``pretrain.loop.corpus_documents``)
-        still builds the funcs family's corpus whatever ``env.name`` says; the ledger
-        benchmark mid-trains on its own demonstrations.
-    corpus_version: bump when the corpus text changes (meant for the pretrain cache key, which
-        today uses the funcs family's GENERATOR_VERSION).
+    build_corpus: ``(n_docs, seed) -> list[str]``: mid-training documents from the training
+        split, read by ``tidal pretrain`` and by ``tidal train`` before RL (unless
+        ``pretrain.corpus`` names files); None = the environment has no corpus of its own.
+    corpus_version: bump when the corpus text changes: it is part of the pretrain cache key.
+    success: ``(reward, info) -> bool``: whether an episode solved its task (``info``: the
+        episode's merged StepResult infos). Read once when an episode ends into
+        ``Trajectory.solved``; every pass rate (held-out pass@1, a step's pass_rate, by level)
+        counts it. Default: reward >= 1.0; override when the reward carries bonus or partial
+        terms.
     """
 
     name: str
@@ -37,3 +46,4 @@ class EnvironmentSpec:
     sample_tasks: Callable[[int, int, bool], list[Any]]
     build_corpus: Callable[[int, int], list[str]] | None = None
     corpus_version: int = 0
+    success: Callable[[float, dict[str, Any]], bool] = reward_reaches_one

@@ -2,6 +2,8 @@
 
 A subclass writes ``setup(task) -> task text``, the tools (typed methods with docstrings, listed
 by ``tools()``) and calls ``self.finish()`` from the tool that ends the episode (say ``submit``).
+Two optional hooks report on the episode for metrics: ``level()`` (the task's difficulty, for
+pass rates by level) and ``reason(score)`` (why it scored what it did: "pass", "wrong_answer").
 Every model turn goes through ``step``: parse the call, validate its arguments, run the tool,
 answer with its output — or, for anything malformed, with what was wrong (``info["tool_error"]``
 names the kind). A mistake costs the model a turn and tokens; it never ends the episode early and
@@ -15,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tidal.env.base import Environment, StepResult
-from tidal.env.rubric import Rubric
+from tidal.env.rubric import Rubric, RubricScore
 from tidal.env.toolcall import CALL_CLOSE, MalformedCall, parse_call
 from tidal.env.tools import ToolSet, ToolStyle
 
@@ -55,6 +57,26 @@ class ToolEnvironment(Environment):
         """Called by a tool: the episode ends after this step and the rubric scores it."""
         self.done = True
 
+    def level(self) -> int | None:
+        """The task's difficulty level, reported as ``Trajectory.level`` (held-out pass@1 by
+        level). Default: the task's ``level`` attribute if it has one, else None."""
+        return getattr(self.task, "level", None)
+
+    def reason(self, score: RubricScore) -> str:
+        """Why the finished episode scored ``score``, reported as ``Trajectory.reason`` and
+        counted in each step's and eval's ``reasons`` (say "pass", "wrong_answer",
+        "syntax_error"). Default: "done". Episodes the harness cuts short keep its reason
+        ("turn_budget", "token_budget", "context")."""
+        return "done"
+
+    def report(self, info: dict[str, Any]) -> dict[str, Any]:
+        """``info`` with the episode's level added (when ``level()`` knows one)."""
+        level = self.level()
+        return info if level is None else {**info, "level": level}
+
+    async def end(self, reason: str) -> StepResult:
+        return StepResult("", 0.0, True, self.report({"reason": reason}))
+
     async def reset(self, task: Any) -> str:
         self.task, self.done = task, False
         text = await self.setup(task)
@@ -80,7 +102,8 @@ class ToolEnvironment(Environment):
             return StepResult(output)
         score = await self.rubric.score(self.task, self)
         info: dict[str, Any] = {f"reward/{k}": v for k, v in score.parts.items()}
-        return StepResult(output, score.total, True, info)
+        info["reason"] = self.reason(score)
+        return StepResult(output, score.total, True, self.report(info))
 
 
 def _cap(text: str, limit: int) -> str:

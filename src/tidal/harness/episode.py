@@ -11,6 +11,10 @@
 The trajectory is a chain of segments, one per context window; each is trained with the episode's
 advantage (the trainer's collate repeats a trajectory's advantage on each of its rows).
 
+A task whose head does not fit (with room for a turn and a summary) is skipped, not an error:
+the episode ends at once with reason ``PROMPT_TOO_LONG``, reward 0 and no segments, so nothing
+of it is trained on and it counts as unsolved (env.end sees the reason; its reward is ignored).
+
 Room rules (W = context window): in summarize mode the context always keeps room for the
 summary request and the summary, so a summary can be written in the window it summarises. A
 turn may use the rest. An observation that does not fit compacts the context first and opens the
@@ -26,7 +30,6 @@ from typing import Any
 from tidal.engine.request import GenerationRequest
 from tidal.env.base import Environment, StepResult
 from tidal.env.toolcall import OBS_CLOSE, OBS_OPEN
-from tidal.errors import UserError
 from tidal.harness.config import HarnessConfig
 from tidal.harness.segments import SegmentBuilder
 from tidal.types import EpisodeStats, Segment
@@ -35,6 +38,8 @@ SUMMARY_OPEN = "\n<summary>"
 """Written by the harness (loss mask 0) to ask for a summary; the model writes the summary."""
 SUMMARY_CLOSE = "</summary>"
 """Ends the model's summary (a stop string); added by the harness if the model did not."""
+PROMPT_TOO_LONG = "prompt_too_long"
+"""The reason of an episode skipped because its head does not fit the context window."""
 
 
 @dataclass
@@ -106,8 +111,9 @@ class Episode:
     async def run(self, task: Any) -> EpisodeResult:
         try:
             self.head = self.tok.encode(await self.env.reset(task), add_bos=True)
-            self._check_head_fits()
             self.result.head_tokens = len(self.head)
+            if not self._head_fits():
+                return await self._skip()
             self.seg = SegmentBuilder(self.head, self.no_experts)
             final = await self._loop()
         finally:
@@ -181,14 +187,18 @@ class Episode:
         return (len(self.seg) >= self.cfg.summary_trigger * self.window
                 or self._room() < self.max_turn_tokens)
 
-    def _check_head_fits(self) -> None:
-        need = len(self.head) + self.reserve + self.max_turn_tokens
-        if need > self.window:
-            raise UserError(
-                f"the environment's first observation is {len(self.head)} tokens; with room for "
-                f"a turn ({self.max_turn_tokens}) and a summary ({self.reserve}) it needs a "
-                f"context window of {need}, but harness.context_window "
-                f"is {self.window}: raise it (and engine.max_seq_len) or shorten the prompt")
+    def _head_fits(self) -> bool:
+        """Whether the head leaves room for a full turn and a summary in the window."""
+        return len(self.head) + self.reserve + self.max_turn_tokens <= self.window
+
+    async def _skip(self) -> EpisodeResult:
+        """End an episode whose head does not fit: no segments, reward 0 (see the module
+        docstring; ``head_tokens`` says how long the head was)."""
+        ended = await self.env.end(PROMPT_TOO_LONG)
+        r = self.result
+        r.reason = PROMPT_TOO_LONG
+        r.info.update(ended.info, reason=PROMPT_TOO_LONG)
+        return r
 
     def _observation_ids(self, text: str) -> list[int]:
         """``<obs>text</obs>`` with the text cut to max_observation_tokens (cut marked)."""

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tidal.env.spec import EnvironmentSpec
+from tidal.env.spec import EnvironmentSpec, reward_reaches_one
 from tidal.errors import UserError
 from tidal.harness.config import HarnessConfig
 from tidal.harness.engine_client import EngineClient
-from tidal.harness.episode import Episode, EpisodeResult
+from tidal.harness.episode import PROMPT_TOO_LONG, Episode, EpisodeResult
 from tidal.types import Trajectory
 
 
@@ -66,8 +67,8 @@ async def run_episodes_async(engine, spec, tasks, cfg, samples_per_task=1, group
                                 for j in range(samples_per_task)))
     results = await _run_with_driver(engine_client, episodes)
     wall = time.perf_counter() - start
-    trajs = [to_trajectory(tasks[i // samples_per_task], group_ids[i // samples_per_task], r)
-             for i, r in enumerate(results)]
+    trajs = [to_trajectory(tasks[i // samples_per_task], group_ids[i // samples_per_task], r,
+                           spec.success) for i, r in enumerate(results)]
     gen_s = engine_client.engine_s if engine_client else 0.0
     tokens = sum(t.episode.model_tokens for t in trajs)
     return trajs, RolloutStats(tokens, gen_s, wall - gen_s)
@@ -89,14 +90,19 @@ async def _run_with_driver(engine_client: EngineClient | None, episodes: asyncio
         driver.cancel()
 
 
-def to_trajectory(task: Any, group_id: int, result: EpisodeResult) -> Trajectory:
-    """info keeps the environment's numeric reports (see Trajectory); the harness's own
-    statistics go to ``episode``."""
+def to_trajectory(task: Any, group_id: int, result: EpisodeResult,
+                  success: Callable[[float, dict], bool] = reward_reaches_one) -> Trajectory:
+    """The episode as a Trajectory; ``success`` (the EnvironmentSpec's rule) decides ``solved``
+    here, once; ``level`` is what the environment reported as ``info["level"]``. ``info`` keeps
+    the environment's other numeric reports (see Trajectory); the harness's own statistics go
+    to ``episode``."""
+    level = result.info.get("level")
     info = {k: float(v) for k, v in result.info.items()
-            if isinstance(v, (int, float)) and k != "reason"}
+            if isinstance(v, (int, float)) and k not in ("reason", "level")}
+    solved = result.reason != PROMPT_TOO_LONG and bool(success(result.reward, result.info))
     return Trajectory(task_id=task.task_id, group_id=group_id, segments=result.segments,
-                      reward=result.reward, reason=result.reason, info=info,
-                      episode=result.stats())
+                      reward=result.reward, reason=result.reason, info=info, solved=solved,
+                      level=None if level is None else int(level), episode=result.stats())
 
 
 def context_window(cfg: HarnessConfig, engine_cfg) -> int:

@@ -16,16 +16,21 @@ class ModelConfig(Section):
     intermediate_size: int = Field(512, ge=8)
     """Hidden width of the dense SwiGLU MLP."""
     num_hidden_layers: int = Field(4, ge=1)
+    """Transformer blocks."""
     num_attention_heads: int = Field(6, ge=1)
+    """Query heads per attention layer."""
     num_key_value_heads: int = Field(2, ge=1)
     """Grouped-query attention: must divide num_attention_heads."""
     head_dim: int = Field(32, ge=4)
     """Per-head width; Qwen3 decouples it from hidden_size / heads. Even (for RoPE)."""
     rope_theta: float = Field(10000.0, gt=0)
+    """RoPE base frequency."""
     rms_norm_eps: float = Field(1e-6, gt=0)
+    """Epsilon added to the mean square in every RMSNorm."""
     max_position_embeddings: int = Field(512, ge=16)
     """Longest sequence (prompt + completion) in tokens."""
     tie_word_embeddings: bool = True
+    """The output projection shares the input embedding matrix."""
     num_experts: int = Field(0, ge=0)
     """0 = dense model; > 0 = sparse MoE with this many experts in every layer."""
     num_experts_per_tok: int = Field(2, ge=1)
@@ -35,6 +40,7 @@ class ModelConfig(Section):
     norm_topk_prob: bool = True
     """Renormalise the top-k gate weights to sum to 1 (Qwen3-MoE default)."""
     initializer_range: float = Field(0.02, gt=0)
+    """Standard deviation of the normal initialisation of a fresh model's matrices."""
     dtype: DtypeName = "auto"
     """Parameter dtype of the engines (inference), the weights they are sent and the deterministic
     numerics' compute dtype; the trainer keeps fp32 master weights regardless. "auto" = bfloat16

@@ -22,7 +22,7 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {
         hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
         num_key_value_heads=2, head_dim=64, max_position_embeddings=1024,
     ),
-    # The GPU numerics benchmark's MoE models (tidal bench numerics-gpu --size tiny|smoke|1b):
+    # The GPU numerics benchmark's MoE models (tidal bench numerics-gpu --bench.size tiny|smoke|1b):
     # untied lm_head, RoPE theta 1e6 and head sizes that are powers of two (the Triton kernels').
     # CPU runs and tests, also through Triton's interpreter (2 layers, hidden 64).
     "numerics-gpu-tiny": lambda: _gpu_moe(hidden_size=64, num_attention_heads=4, head_dim=16,

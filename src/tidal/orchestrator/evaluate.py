@@ -1,5 +1,6 @@
-"""Held-out pass@1: the fraction of held-out tasks solved (reward >= 1) by one sample at the
-run's sampler, through the same harness as training.
+"""Held-out pass@1: the fraction of held-out tasks solved (``Trajectory.solved``, by the
+environment's success rule) by one sample at the run's sampler, through the same harness as
+training. A task skipped as prompt_too_long counts as unsolved (and in ``reasons``).
 
 Averaged over ``samples_per_task`` independent samples per task (an unbiased estimate of pass@1
 with lower variance than a single sample), with the same sampler settings before and after RL.
@@ -15,14 +16,14 @@ from tidal.harness import HarnessConfig, run_episodes
 
 def heldout_pass1(engine, env, tasks: list[Any], harness_cfg: HarnessConfig,
                   samples_per_task: int = 2) -> dict:
-    """``env``: the EnvironmentSpec; pass1_by_level groups by ``info["level"]`` where the
+    """``env``: the EnvironmentSpec; pass1_by_level groups by ``Trajectory.level`` where the
     environment reports one."""
     trajs, stats = run_episodes(engine, env, tasks, harness_cfg, samples_per_task)
-    solved = [float(t.reward >= 1.0) for t in trajs]
+    solved = [float(t.solved) for t in trajs]
     by_level: dict[int, list[float]] = {}
     for t, ok in zip(trajs, solved):
-        if "level" in t.info:
-            by_level.setdefault(int(t.info["level"]), []).append(ok)
+        if t.level is not None:
+            by_level.setdefault(t.level, []).append(ok)
     return {
         "pass1": sum(solved) / len(trajs),
         "reward_mean": sum(t.reward for t in trajs) / len(trajs),

@@ -85,6 +85,9 @@ def staleness_gate(trajs: list[Trajectory], trainer_version: int, max_staleness:
     ``max_staleness_seen`` is the largest staleness in what is trained."""
     kept, hist = [], Counter()
     for t in trajs:
+        if not t.versions:  # nothing generated (an episode skipped as prompt_too_long)
+            kept.append(t)
+            continue
         staleness = trainer_version - t.min_version
         if staleness > max_staleness:
             if not keep_stale:
@@ -108,7 +111,7 @@ def rollout_metrics(trajs: list[Trajectory]) -> RolloutMetrics:
     return RolloutMetrics(
         reward_mean=rewards.mean().item() if len(trajs) else 0.0,
         reward_std=rewards.std().item() if len(trajs) > 1 else 0.0,
-        pass_rate=(rewards >= 1.0).double().mean().item() if len(trajs) else 0.0,
+        pass_rate=sum(t.solved for t in trajs) / len(trajs) if trajs else 0.0,
         reasons=dict(Counter(t.reason for t in trajs)),
         episode=EpisodeMeans.of(trajs),
     )
@@ -297,7 +300,8 @@ class Run:
         trajs = [t for r in step_results for t in r.trajectories]
         trajs, hist = staleness_gate(trajs, self.trainer.version, oc.max_staleness, self.state, oc.keep_stale)
         trajs = complete_groups(trajs, oc.group_size)
-        stats = self.trainer.step(Batch(trajs, self.trainer.version)) if trajs else None
+        trained = [t for t in trajs if t.segments]  # skipped episodes: counted, never trained
+        stats = self.trainer.step(Batch(trained, self.trainer.version)) if trained else None
         t1 = time.perf_counter()
         self.store.publish(self.trainer.model, self.trainer.version)
         t2 = time.perf_counter()

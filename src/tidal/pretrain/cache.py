@@ -1,10 +1,12 @@
 """Pretrained checkpoints cached by what made them: run mid-training once per distinct recipe.
 
 ``cache_dir/<key>/model`` holds the checkpoint, ``cache_dir/<key>/pretrain_metrics.jsonl`` its
-curve and ``cache_dir/<key>/tidal_config.json`` the sections that were hashed. The key hashes the
-model section, the pretrain section (minus where the cache lives and how often it logs), the env
-section (minus its sandbox, which does not change the corpus), the seed, tidal's version, and the
-size and mtime of every corpus file. A run is built in a hidden sibling folder and renamed into
+curve and ``cache_dir/<key>/tidal_config.json`` what was hashed: the model section, the pretrain
+section (minus where the cache lives and how often it logs), the seed, tidal's version, and what
+the corpus is made of. That is, with ``pretrain.corpus`` set, the path, size and mtime of every
+corpus file (not ``corpus_docs``, unused then, nor the environment); else the environment that
+writes it: its name, its validated ``env.args`` (defaults filled in, so writing a default out
+changes nothing) and its ``corpus_version``, never ``env.sandbox``. A run is built in a hidden sibling folder and renamed into
 place, so a half-finished or crashed pretraining is never mistaken for a cached one.
 """
 
@@ -23,7 +25,7 @@ from tidal.pretrain.loop import MODEL_DIR, pretrain, pretrain_in_child
 
 log = logging.getLogger(__name__)
 
-NOT_HASHED = {"pretrain": {"cache_dir", "log_every"}, "env": {"sandbox"}}
+NOT_HASHED = {"pretrain": {"cache_dir", "log_every"}}
 """Fields that do not change the pretrained weights, so changing them must not re-pretrain."""
 
 
@@ -56,15 +58,25 @@ def cached_pretrained(cfg, progress: bool = True, child_env: dict | None = None)
 
 
 def _hashed(cfg) -> dict:
+    files = bool(cfg.pretrain.corpus)
+    unused = {"corpus_docs"} if files else set()
     return {
         "model": cfg.model.model_dump(mode="json"),
-        "pretrain": cfg.pretrain.model_dump(mode="json", exclude=NOT_HASHED["pretrain"]),
-        "env": cfg.env.model_dump(mode="json", exclude=NOT_HASHED["env"]),
+        "pretrain": cfg.pretrain.model_dump(mode="json", exclude=NOT_HASHED["pretrain"] | unused),
+        "corpus": ({"files": [_file_identity(p) for p in cfg.pretrain.corpus]} if files
+                   else {"environment": environment_identity(cfg.env)}),
         "seed": cfg.orchestrator.seed,
         "tidal_version": tidal.__version__,
-        "generator_version": _generator_version(cfg),
-        "corpus_files": [_file_identity(p) for p in cfg.pretrain.corpus],
     }
+
+
+def environment_identity(env_cfg) -> dict:
+    """What an environment's corpus depends on: its name, validated args and corpus_version
+    (bumped by the environment whenever its corpus text changes)."""
+    from tidal.env import from_config, resolved_args
+
+    return {"name": env_cfg.name, "args": resolved_args(env_cfg),
+            "corpus_version": from_config(env_cfg).corpus_version}
 
 
 def _file_identity(path: str) -> list:
@@ -82,12 +94,3 @@ def _publish(staging: Path, root: Path) -> None:
     if root.exists():
         shutil.rmtree(root)
     staging.rename(root)
-
-
-def _generator_version(cfg) -> int | None:
-    """Bumped by a task family whenever its corpus text changes, so old caches are not reused."""
-    if cfg.pretrain.corpus:
-        return None
-    from tidal.tasks import family
-
-    return family.GENERATOR_VERSION

@@ -1,17 +1,18 @@
 """Mid-training: next-token prediction on a code corpus before RL."""
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from tidal.section import DtypeName, Section
 
 
 class PretrainConfig(Section):
     corpus: list[str] = []
-    """JSONL (a "text" field per line) or text files (one document per file) to train on; empty =
-    the built-in generator writes a corpus from the task family's training split (never the
-    held-out split)."""
+    """JSONL (a "text" field per line) or text files (one document per file) to train on (one
+    path alone is a list of one: ``--pretrain.corpus data.jsonl``); empty = the selected
+    environment writes its own corpus (``EnvironmentSpec.build_corpus``, from its training
+    split, never the held-out split)."""
     corpus_docs: int = Field(60000, ge=1)
-    """Documents the built-in generator writes."""
+    """Documents the environment's build_corpus writes (unused when ``corpus`` names files)."""
     seq_len: int = Field(256, ge=16)
     """Packed sequence length, tokens (the model reads seq_len - 1 and predicts the next of each)."""
     batch_size: int = Field(16, ge=1)
@@ -50,3 +51,8 @@ class PretrainConfig(Section):
     """Append a line to pretrain_metrics.jsonl every this many optimizer steps (and the last)."""
     cache_dir: str = ".cache/tidal/pretrained"
     """Where pretrained checkpoints are cached, keyed by a hash of the config that made them."""
+
+    @field_validator("corpus", mode="before")
+    @classmethod
+    def _one_path_is_a_list(cls, value):
+        return [value] if isinstance(value, str) else value

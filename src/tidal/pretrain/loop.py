@@ -197,12 +197,13 @@ def torch_threads(n: int):
 
 
 def corpus_documents(cfg) -> list[str]:
-    """pretrain.corpus files if set, else the task family's built-in generator (training split)."""
+    """pretrain.corpus files if set, else the selected environment's own corpus (its
+    build_corpus: training split only, built without a sandbox)."""
     if cfg.pretrain.corpus:
         return load_corpus(cfg.pretrain.corpus)
-    from tidal.tasks import build_corpus  # lazy: the task family pulls in the sandbox
+    from tidal.env import environment_corpus  # lazy: environments import their families
 
-    return build_corpus(cfg.env, cfg.pretrain.corpus_docs, cfg.orchestrator.seed)
+    return environment_corpus(cfg.env, cfg.pretrain.corpus_docs, cfg.orchestrator.seed)
 
 
 def initial_model(cfg) -> torch.nn.Module:

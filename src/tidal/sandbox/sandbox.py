@@ -17,7 +17,7 @@ reach, and generated code is simply buggy. Assume it tries to
   reach other rollouts   change the task image that all rollouts of a task share, or another
                         rollout's files; leave something (a file, a process, a patched module)
                         for the next program that lands in the same warm sandbox
-Gaming the grader itself (printing a fake verdict) is handled by tasks/grading.py's nonce.
+Gaming the grader itself (printing a fake verdict) is handled by tidal.env.grading's nonce.
 
 Every run gets a fresh workspace (a temp dir deleted afterwards, or the caller's dir), a fixed
 environment (PATH, LANG, PYTHONDONTWRITEBYTECODE, PYTHONHASHSEED=0, HOME=TMPDIR=workspace:

@@ -36,86 +36,95 @@ STATS = web.AppKey("stats", dict)
 """``app[STATS]``: {"bytes_sent", "version_bytes_sent", "requests"} of a server made by make_app."""
 
 
-def make_app(store: VersionStore, relay: "Relay | None" = None, watch_interval_s: float = 0.002) -> web.Application:
+def make_app(store: VersionStore, relay: Relay | None = None, watch_interval_s: float = 0.002) -> web.Application:
     """Serve ``store``; with a ``relay``, missing forms and blobs are fetched from its upstream
     first and the index is the upstream's (the cache's own when the upstream is down).
     ``watch_interval_s``: how often a waiting subscription looks for a newer version (the
     publisher may be another process, so the store's LATEST file is what is watched)."""
-    stats = {"bytes_sent": 0, "version_bytes_sent": 0, "requests": 0}
+    routes = _Routes(store, relay, watch_interval_s)
+    app = web.Application()
+    app.on_response_prepare.append(routes.count)
+    app.add_routes([web.get("/latest", routes.latest), web.get("/index", routes.index),
+                    web.get(r"/v/{version:\d+}/{kind}/manifest", routes.manifest),
+                    web.get(r"/v/{version:\d+}/{kind}/data", routes.data),
+                    web.get("/blob/{sha}", routes.blob), web.get("/pull", routes.pull),
+                    web.get("/stats", routes.stats_route)])
+    app[STATS] = routes.stats
+    if relay is not None:
+        app.on_cleanup.append(lambda _app: relay.close())
+    return app
 
-    async def current_index() -> dict:
-        return store.index() if relay is None else await relay.index()
 
-    async def present(request: web.Request) -> tuple[int, str]:
+class _Routes:
+    """The route handlers of one server (see the module docstring for what each answers) and
+    the byte counts of its answers (``stats``)."""
+
+    def __init__(self, store: VersionStore, relay: Relay | None, watch_interval_s: float):
+        self.store, self.relay, self.watch_interval_s = store, relay, watch_interval_s
+        self.stats = {"bytes_sent": 0, "version_bytes_sent": 0, "requests": 0}
+
+    async def current_index(self) -> dict:
+        return self.store.index() if self.relay is None else await self.relay.index()
+
+    async def current_latest(self) -> int | None:
+        return self.store.latest() if self.relay is None else (await self.relay.index())["latest"]
+
+    async def present(self, request: web.Request) -> tuple[int, str]:
+        """The request's (version, kind), held here (a relay fetches it first); else 404/502."""
         version, kind = int(request.match_info["version"]), request.match_info["kind"]
         if kind not in KINDS:
             raise web.HTTPNotFound(text=f"kind must be one of {KINDS}")
-        if relay is not None:
+        if self.relay is not None:
             try:
-                await relay.ensure(version, kind)
+                await self.relay.ensure(version, kind)
             except SyncError as e:
                 raise web.HTTPBadGateway(text=str(e)) from None
-        if not store.has(version, kind):
+        if not self.store.has(version, kind):
             raise web.HTTPNotFound(text=f"version {version} has no {kind} here")
         return version, kind
 
-    async def latest(request):
-        return web.json_response(store.latest() if relay is None else (await relay.index())["latest"])
+    async def latest(self, request):
+        return web.json_response(await self.current_latest())
 
-    async def index_route(request):
-        return web.json_response(await current_index())
+    async def index(self, request):
+        return web.json_response(await self.current_index())
 
-    async def manifest(request):
-        version, kind = await present(request)
-        return web.FileResponse(store.manifest_path(version, kind))
+    async def manifest(self, request):
+        version, kind = await self.present(request)
+        return web.FileResponse(self.store.manifest_path(version, kind))
 
-    async def data(request):
-        version, kind = await present(request)
-        return web.FileResponse(store.data_path(version, kind))
+    async def data(self, request):
+        version, kind = await self.present(request)
+        return web.FileResponse(self.store.data_path(version, kind))
 
-    async def blob(request):
+    async def blob(self, request):
         try:
-            path = store.blob_path(request.match_info["sha"])
+            path = self.store.blob_path(request.match_info["sha"])
         except SyncError as e:
             raise web.HTTPBadRequest(text=str(e)) from None
-        if relay is not None and not path.exists():
+        if self.relay is not None and not path.exists():
             try:
-                await relay.ensure_blob(request.match_info["sha"])
+                await self.relay.ensure_blob(request.match_info["sha"])
             except SyncError as e:
                 raise web.HTTPBadGateway(text=str(e)) from None
         if not path.exists():
             raise web.HTTPNotFound(text="no such blob")
         return web.FileResponse(path)
 
-    async def current_latest() -> int | None:
-        return store.latest() if relay is None else (await relay.index())["latest"]
-
-    async def pull(request):
-        q = request.query
-        try:
-            held = int(q["held"]) if q.get("held") not in (None, "") else None
-            after = int(q["after"]) if "after" in q else None
-            wait_s = min(float(q.get("wait_s", 0)), 600.0)
-            inline_bytes = int(q.get("inline_bytes", 64 << 20))
-            wanted = int(q["version"]) if "version" in q else None
-        except ValueError as e:
-            raise web.HTTPBadRequest(text=f"bad query: {e}") from None
-        if after is not None:
-            deadline = asyncio.get_running_loop().time() + wait_s
-            while ((latest := await current_latest()) is None or latest <= after):
-                if asyncio.get_running_loop().time() >= deadline:
-                    return web.Response(status=204)
-                await asyncio.sleep(watch_interval_s)
-        index = await current_index()
+    async def pull(self, request):
+        held, after, wait_s, inline_bytes, wanted = _pull_query(request.query)
+        if after is not None and not await self._newer_than(after, wait_s):
+            return web.Response(status=204)
+        index = await self.current_index()
         target = index["latest"] if wanted is None else wanted
         if target is None:
             raise web.HTTPNotFound(text="no version has been published yet")
         try:
             path, _ = cheapest_path(index["forms"], target, held)
-            if relay is not None:
+            if self.relay is not None:
                 for v, kind in path:
-                    await relay.ensure(v, kind)
-            parts = await asyncio.to_thread(bundle_parts, store, target, path, inline_bytes)
+                    await self.relay.ensure(v, kind)
+            parts = await asyncio.to_thread(bundle_parts, self.store, target, path, inline_bytes)
         except SyncError as e:
             raise web.HTTPConflict(text=str(e)) from None
         resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
@@ -126,26 +135,38 @@ def make_app(store: VersionStore, relay: "Relay | None" = None, watch_interval_s
         await resp.write_eof()
         return resp
 
-    async def stats_route(request):
-        return web.json_response(stats)
+    async def _newer_than(self, after: int, wait_s: float) -> bool:
+        """Wait (at most ``wait_s``) until a version newer than ``after`` exists; False if none
+        came in time."""
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while ((latest := await self.current_latest()) is None or latest <= after):
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(self.watch_interval_s)
+        return True
 
-    async def count(request, response):
+    async def stats_route(self, request):
+        return web.json_response(self.stats)
+
+    async def count(self, request, response):
         if request.path != "/stats":
-            stats["requests"] += 1
-            stats["bytes_sent"] += response.content_length or 0
+            self.stats["requests"] += 1
+            self.stats["bytes_sent"] += response.content_length or 0
             if request.path.startswith("/v/") or request.path == "/pull":
-                stats["version_bytes_sent"] += response.content_length or 0
+                self.stats["version_bytes_sent"] += response.content_length or 0
 
-    app = web.Application()
-    app.on_response_prepare.append(count)
-    app.add_routes([web.get("/latest", latest), web.get("/index", index_route),
-                    web.get(r"/v/{version:\d+}/{kind}/manifest", manifest),
-                    web.get(r"/v/{version:\d+}/{kind}/data", data),
-                    web.get("/blob/{sha}", blob), web.get("/pull", pull), web.get("/stats", stats_route)])
-    app[STATS] = stats
-    if relay is not None:
-        app.on_cleanup.append(lambda _app: relay.close())
-    return app
+
+def _pull_query(q) -> tuple[int | None, int | None, float, int, int | None]:
+    """/pull's query -> (held, after, wait_s, inline_bytes, version); 400 if malformed."""
+    try:
+        held = int(q["held"]) if q.get("held") not in (None, "") else None
+        after = int(q["after"]) if "after" in q else None
+        wait_s = min(float(q.get("wait_s", 0)), 600.0)
+        inline_bytes = int(q.get("inline_bytes", 64 << 20))
+        wanted = int(q["version"]) if "version" in q else None
+    except ValueError as e:
+        raise web.HTTPBadRequest(text=f"bad query: {e}") from None
+    return held, after, wait_s, inline_bytes, wanted
 
 
 class ServerThread:

@@ -20,7 +20,7 @@ import torch
 
 from tidal.numerics.ops import scaled_log_softmax
 from tidal.trainer.stats import LossStats
-from tidal.types import Trajectory
+from tidal.types import Segment, Trajectory
 
 LossAgg = Literal["token_mean", "seq_mean"]
 
@@ -124,6 +124,29 @@ def collate(
         )
     if len(advantages) != len(trajectories):
         raise ValueError(f"{len(advantages)} advantages for {len(trajectories)} trajectories")
+    rows = _trainable_segments(trajectories)
+    B = len(rows)
+    T = max(len(s.prompt_ids) + len(s.completion_ids) - 1 for _, s in rows)
+    row_traj = torch.tensor([i for i, _ in rows], dtype=torch.long)
+    batch = TrainBatch(
+        input_ids=torch.full((B, T), pad_id, dtype=torch.long),
+        targets=torch.full((B, T), pad_id, dtype=torch.long),
+        loss_mask=torch.zeros(B, T),
+        old_logprobs=torch.zeros(B, T),
+        advantages=torch.as_tensor(advantages, dtype=torch.float32)[row_traj],
+        experts=_expert_buffer([s for _, s in rows], B, T),
+        row_traj=row_traj,
+        lengths=torch.tensor([len(s.prompt_ids) + len(s.completion_ids) - 1 for _, s in rows]),
+        versions=torch.full((B, T), -1, dtype=torch.long),
+    )
+    for b, (_, s) in enumerate(rows):
+        _fill_row(batch, b, s)
+    return batch
+
+
+def _trainable_segments(trajectories: list[Trajectory]) -> list[tuple[int, Segment]]:
+    """(trajectory index, segment) of every segment with 2 or more tokens; checks that there is
+    one and that all or none carry MoE experts."""
     rows = [(i, s) for i, t in enumerate(trajectories) for s in t.segments
             if len(s.prompt_ids) + len(s.completion_ids) >= 2]
     if not rows:
@@ -132,41 +155,41 @@ def collate(
     if any(has_experts) and not all(has_experts):
         raise ValueError("collate: some segments carry MoE experts and some do not; "
                          "all segments of a batch must come from the same kind of model")
-    B = len(rows)
-    T = max(len(s.prompt_ids) + len(s.completion_ids) - 1 for _, s in rows)
-    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
-    targets = torch.full((B, T), pad_id, dtype=torch.long)
-    loss_mask = torch.zeros(B, T)
-    old_lp = torch.zeros(B, T)
-    versions = torch.full((B, T), -1, dtype=torch.long)
-    experts = None
-    shaped = next((s for _, s in rows if s.experts), None)  # some segment with >= 1 token's experts
-    if all(has_experts) and shaped is not None:
-        L, k = len(shaped.experts[0]), len(shaped.experts[0][0])
-        experts = torch.full((B, T, L, k), NO_REPLAY, dtype=torch.long)
-    for b, (_, s) in enumerate(rows):
-        seq = torch.tensor(s.prompt_ids + s.completion_ids, dtype=torch.long)
-        n, P, C = len(seq), len(s.prompt_ids), len(s.completion_ids)
-        input_ids[b, : n - 1] = seq[:-1]
-        targets[b, : n - 1] = seq[1:]
-        if C == 0:
-            continue
-        # Completion token j is target position P + j - 1; with an empty prompt, j = 0 has no
-        # position (nothing precedes it) and is dropped.
-        first = 1 if P == 0 else 0
-        pos = slice(P + first - 1, P + C - 1)
-        loss_mask[b, pos] = torch.tensor(s.loss_mask[first:], dtype=torch.float32)
-        old_lp[b, pos] = torch.tensor(s.logprobs[first:], dtype=torch.float32) * loss_mask[b, pos]
-        trained = loss_mask[b, pos] > 0
-        versions[b, pos] = torch.where(trained, torch.tensor(s.versions[first:]), -1)
-        if experts is not None and s.prompt_experts:
-            experts[b, : len(s.prompt_experts)] = _expert_tensor(s.prompt_experts, experts)
-        if experts is not None and len(s.experts) > first:
-            experts[b, pos] = _expert_tensor(s.experts[first:], experts)
-    row_traj = torch.tensor([i for i, _ in rows], dtype=torch.long)
-    adv = torch.as_tensor(advantages, dtype=torch.float32)[row_traj]
-    lengths = torch.tensor([len(s.prompt_ids) + len(s.completion_ids) - 1 for _, s in rows])
-    return TrainBatch(input_ids, targets, loss_mask, old_lp, adv, experts, row_traj, lengths, versions)
+    return rows
+
+
+def _expert_buffer(segments: list[Segment], B: int, T: int) -> torch.Tensor | None:
+    """[B, T, layers, k] of NO_REPLAY for MoE segments (shape from one with >= 1 token's
+    experts); None for dense ones or when no segment recorded any."""
+    shaped = next((s for s in segments if s.experts), None)
+    if shaped is None or not all(s.experts is not None for s in segments):
+        return None
+    L, k = len(shaped.experts[0]), len(shaped.experts[0][0])
+    return torch.full((B, T, L, k), NO_REPLAY, dtype=torch.long)
+
+
+def _fill_row(batch: TrainBatch, b: int, s: Segment) -> None:
+    """Write segment ``s`` into row ``b`` of ``batch`` (see the module alignment note)."""
+    seq = torch.tensor(s.prompt_ids + s.completion_ids, dtype=torch.long)
+    n, P, C = len(seq), len(s.prompt_ids), len(s.completion_ids)
+    batch.input_ids[b, : n - 1] = seq[:-1]
+    batch.targets[b, : n - 1] = seq[1:]
+    if C == 0:
+        return
+    # Completion token j is target position P + j - 1; with an empty prompt, j = 0 has no
+    # position (nothing precedes it) and is dropped.
+    first = 1 if P == 0 else 0
+    pos = slice(P + first - 1, P + C - 1)
+    batch.loss_mask[b, pos] = torch.tensor(s.loss_mask[first:], dtype=torch.float32)
+    mask = batch.loss_mask[b, pos]
+    batch.old_logprobs[b, pos] = torch.tensor(s.logprobs[first:], dtype=torch.float32) * mask
+    trained = mask > 0
+    batch.versions[b, pos] = torch.where(trained, torch.tensor(s.versions[first:]), -1)
+    experts = batch.experts
+    if experts is not None and s.prompt_experts:
+        experts[b, : len(s.prompt_experts)] = _expert_tensor(s.prompt_experts, experts)
+    if experts is not None and len(s.experts) > first:
+        experts[b, pos] = _expert_tensor(s.experts[first:], experts)
 
 
 def _expert_tensor(ids: list[list[list[int]]], like: torch.Tensor) -> torch.Tensor:

@@ -27,17 +27,15 @@ from collections.abc import Iterable
 
 import torch
 
-from tidal.engine.config import EngineConfig
-from tidal.engine.request import GenerationRequest, GenerationResult
-from tidal.env.longhorizon import NO_MORE_FILES, LedgerEnvironment
-from tidal.env.rubric import Rubric
-from tidal.env.toolcall import OBS_CLOSE, OBS_OPEN, format_call
-from tidal.harness.config import HarnessConfig
-from tidal.harness.episode import SUMMARY_CLOSE, SUMMARY_OPEN, Episode
-from tidal.model.tokenizer import ByteTokenizer
-from tidal.tasks import longhorizon as family
-from tidal.tasks.longhorizon import LedgerTask
-from tidal.tasks.longhorizon_config import LedgerConfig
+from tidal.engine import EngineConfig
+from tidal.env import OBS_CLOSE, OBS_OPEN, Rubric, format_call
+from tidal.envs.ledger import tasks as family
+from tidal.envs.ledger.config import LedgerConfig
+from tidal.envs.ledger.environment import NO_MORE_FILES, LedgerEnvironment
+from tidal.envs.ledger.tasks import LedgerTask
+from tidal.harness import (SUMMARY_CLOSE, SUMMARY_OPEN, Episode, GenerationRequest,
+                           GenerationResult, HarnessConfig)
+from tidal.model import ByteTokenizer
 from tidal.types import Segment
 
 def read_context(context: str) -> tuple[str | None, list[str]]:
@@ -84,6 +82,20 @@ def _matches_reference(task: LedgerTask, env: LedgerEnvironment) -> float:
     """Demonstrations are scored without the sandbox: the expert's code is right iff it is the
     reference text (it writes steps only in the reference's form)."""
     return float(env.submitted == task.reference_solution)
+
+
+def harness_for(window: int, mode: str, max_turns: int = 10_000, max_tokens: int = 1_000_000,
+                max_ops: int = 2) -> HarnessConfig:
+    """The harness settings of the ledger family at ``window``: room for exactly the longest
+    submit turn and the longest summary of ``max_ops`` steps. Every token of room kept free
+    beyond those is window lost to each segment, and more segments mean more summaries that
+    must carry the facts."""
+    code = family.longest_code(max_ops)
+    return HarnessConfig(context_window=window, context_mode=mode, summary_trigger=0.95,
+                         summary_max_tokens=len(code) + len(SUMMARY_CLOSE), truncate_keep=0.5,
+                         max_turns=max_turns, max_tokens=max_tokens,
+                         max_turn_tokens=len(format_call("submit", {"code": code})),
+                         max_observation_tokens=128)
 
 
 def demo_harness(window: int, harness: HarnessConfig | None = None) -> HarnessConfig:
@@ -158,3 +170,21 @@ def demo_segments(cfg: LedgerConfig, window: int, n_episodes: int, seed: int,
     segments = kept + rng.sample(others, min(len(others), len(kept)))
     rng.shuffle(segments)
     return segments
+
+
+DOCS_PER_EPISODE = 4
+"""About how many segments demo_segments keeps per episode, at the least (a first guess of how
+many episodes n_docs documents need)."""
+
+
+def demo_documents(cfg: LedgerConfig, n_docs: int, seed: int) -> list[str]:
+    """``n_docs`` documents for the environment's build_corpus: demo_segments' segments at
+    ``cfg.corpus_window`` (``harness_for``'s settings in summarize mode), each as text. Packed
+    documents train on every token; ``demo_rows`` keeps only the expert's (the horizon bench)."""
+    harness = harness_for(cfg.corpus_window, "summarize", max_ops=cfg.max_ops)
+    docs: list[str] = []
+    while len(docs) < n_docs:
+        episodes = -(-(n_docs - len(docs)) // DOCS_PER_EPISODE)
+        segments = demo_segments(cfg, cfg.corpus_window, episodes, seed + 7919 * len(docs), harness)
+        docs += [segment_text(s) for s in segments]
+    return docs[:n_docs]

@@ -38,8 +38,8 @@ import itertools
 import random
 from dataclasses import dataclass
 
-from tidal.tasks.family import CONST_RANGE, OP_BY_NAME, OPS, Task, _slip, canonical, evaluate, split_specs
-from tidal.tasks.longhorizon_config import LedgerConfig
+from tidal.envs.funcs import CONST_RANGE, OP_BY_NAME, OPS, Task, canonical, evaluate, slip, split_specs
+from tidal.envs.ledger.config import LedgerConfig
 
 GENERATOR_VERSION = 5
 """Bump whenever task text, the expert or the demonstrations change (pretrain cache key)."""
@@ -232,7 +232,7 @@ def slipped(memory: list[tuple[str, int]], rng: random.Random) -> list[tuple[str
         del out[i]
         return out
     while out[i] == memory[i]:  # an off-by-one at the range's end can give the same constant
-        out[i] = _slip(rng, *memory[i])
+        out[i] = slip(rng, *memory[i])
     return out
 
 

@@ -1,6 +1,6 @@
 """The long-horizon environment "ledger": read many small files, then write f from what they said.
 
-The task family, its expert and its demonstrations live in ``tidal.tasks.longhorizon*``; this
+The task family, its expert and its demonstrations live in ``tidal.envs.ledger``; this
 module is the tool environment the harness drives. Two tools:
 
     next_file()          the next file of the repository ("no more files" after the last)
@@ -13,25 +13,23 @@ call forms and the task sentence.
 
 from __future__ import annotations
 
-import threading
+from typing import Any
 
-from tidal.env.rubric import Rubric
-from tidal.env.spec import EnvironmentSpec
-from tidal.env.tool_env import ToolEnvironment
-from tidal.env.tools import run_blocking
-from tidal.tasks import longhorizon as family
-from tidal.tasks.grading import grade_many
-from tidal.tasks.longhorizon import LedgerTask
-from tidal.tasks.longhorizon_config import LedgerConfig
+from tidal.env import EnvironmentSpec, Rubric, RubricScore, ToolEnvironment, run_blocking
+from tidal.envs.funcs import Grade, grade_many
+from tidal.envs.ledger import tasks as family
+from tidal.envs.ledger.config import LedgerConfig
+from tidal.envs.ledger.tasks import LedgerTask
 
 NO_MORE_FILES = "no more files"
 PARTIAL_CREDIT = 0.5
-"""Weight of steps_right; below 1, so reward >= 1 means every hidden test passed (success)."""
+"""Weight of steps_right: partial credit for the steps carried right (success is every hidden
+test passing, ``solved``, whatever this term adds)."""
 
 
 def file_observation(task: LedgerTask, index: int) -> str:
     """What next_file shows for file ``index``: its name and text (no position: that would put
-    digits in every observation, see tidal.tasks.longhorizon)."""
+    digits in every observation, see tidal.envs.ledger.tasks)."""
     return f"{family.file_name(index)}\n{task.files[index]}"
 
 
@@ -44,6 +42,8 @@ class LedgerEnvironment(ToolEnvironment):
         self.sandbox = sandbox
         self.cursor = 0
         self.submitted: str | None = None
+        self.grade: Grade | None = None
+        """The hidden tests' verdict on the submission (set by the rubric's tests_pass)."""
 
     async def setup(self, task: LedgerTask) -> str:
         self.cursor = 0
@@ -73,6 +73,9 @@ class LedgerEnvironment(ToolEnvironment):
         self.finish()
         return "submitted"
 
+    def reason(self, score: RubricScore) -> str:
+        return self.grade.reason if self.grade is not None else "done"
+
 
 def steps_right(task: LedgerTask, env: "LedgerEnvironment") -> float:
     """Partial credit: the fraction of f's steps the submission has right, in place. Weighted
@@ -82,29 +85,38 @@ def steps_right(task: LedgerTask, env: "LedgerEnvironment") -> float:
     return sum(a == b for a, b in zip(submitted, task.spec)) / len(task.spec)
 
 
-def make_tests_pass(sandbox, slots: threading.BoundedSemaphore):
-    """The rubric's one term: 1.0 when the submitted body passes every hidden test of f."""
+def make_tests_pass(sandbox):
+    """The rubric's main term: 1.0 when the submitted body passes every hidden test of f."""
 
     async def tests_pass(task: LedgerTask, env: LedgerEnvironment) -> float:
-        def grade() -> float:
-            with slots:  # at most sandbox.concurrency gradings at once across episodes
-                body = family.body_text(env.submitted or "")
-                return grade_many(sandbox, [task.function_task()], [body])[0].reward
-
-        return await run_blocking(grade)
+        body = family.body_text(env.submitted or "")
+        [env.grade] = await run_blocking(grade_many, sandbox, [task.function_task()], [body])
+        return env.grade.reward
 
     return tests_pass
 
 
-def load_environment(sandbox, **settings) -> EnvironmentSpec:
-    """``settings``: LedgerConfig fields (``env.args`` in the run config)."""
-    cfg = LedgerConfig(**settings)
-    slots = threading.BoundedSemaphore(sandbox.cfg.concurrency if sandbox is not None else 1)
-    rubric = Rubric([(make_tests_pass(sandbox, slots), 1.0), (steps_right, PARTIAL_CREDIT)])
+def solved(reward: float, info: dict[str, Any]) -> bool:
+    """Success: every hidden test passed (the partial credit term never makes an episode solved)."""
+    return info.get("reward/tests_pass") == 1.0
+
+
+def load_environment(sandbox=None, config: LedgerConfig | None = None) -> EnvironmentSpec:
+    """``config``: the validated ``env.args`` (None = the defaults)."""
+    cfg = config or LedgerConfig()
+    rubric = Rubric([(make_tests_pass(sandbox), 1.0), (steps_right, PARTIAL_CREDIT)])
     return EnvironmentSpec(
         name="ledger",
         make=lambda: LedgerEnvironment(sandbox, rubric),
         sample_tasks=lambda n, seed, heldout: family.sample_tasks(cfg, n, seed, heldout),
-        build_corpus=None,
+        build_corpus=lambda n_docs, seed: build_corpus(cfg, n_docs, seed),
         corpus_version=family.GENERATOR_VERSION,
+        success=solved,
     )
+
+
+def build_corpus(cfg: LedgerConfig, n_docs: int, seed: int) -> list[str]:
+    """The expert's demonstrations as text (lazy: they play through the harness)."""
+    from tidal.envs.ledger.demos import demo_documents
+
+    return demo_documents(cfg, n_docs, seed)

@@ -8,20 +8,18 @@ environments existed, so the default recipe trains the same way.
 
 from __future__ import annotations
 
-import threading
-
 from tidal.env.base import Environment, StepResult
 from tidal.env.spec import EnvironmentSpec
 from tidal.env.tools import run_blocking
-from tidal.tasks import family
-from tidal.tasks.family import Task
-from tidal.tasks.grading import grade_many
+from tidal.envs.funcs import corpus, tasks
+from tidal.envs.funcs.config import FuncsConfig
+from tidal.envs.funcs.grader import grade_many
+from tidal.envs.funcs.tasks import Task
 
 
 class FuncsEnvironment(Environment):
-    def __init__(self, sandbox, slots: threading.BoundedSemaphore):
+    def __init__(self, sandbox):
         self.sandbox = sandbox
-        self.slots = slots
         self.task: Task | None = None
 
     async def reset(self, task: Task) -> str:
@@ -30,24 +28,22 @@ class FuncsEnvironment(Environment):
 
     async def step(self, action: str) -> StepResult:
         assert self.task is not None, "step() before reset()"
-        grade = await run_blocking(self._grade, action)
+        [grade] = await run_blocking(grade_many, self.sandbox, [self.task], [action])
         info = {"reason": grade.reason, "passed": grade.passed, "total": grade.total,
                 "level": self.task.level}
         return StepResult("", grade.reward, True, info)
 
-    def _grade(self, completion: str):
-        # At most sandbox.concurrency gradings at once across every episode (as run_many did).
-        with self.slots:
-            return grade_many(self.sandbox, [self.task], [completion])[0]
+    async def end(self, reason: str) -> StepResult:
+        return StepResult("", 0.0, True, {"reason": reason, "level": self.task.level})
 
 
-def load_environment(sandbox, config) -> EnvironmentSpec:
-    """``config``: the run's EnvConfig (levels, test counts, corpus realism)."""
-    slots = threading.BoundedSemaphore(sandbox.cfg.concurrency if sandbox is not None else 1)
+def load_environment(sandbox=None, config: FuncsConfig | None = None) -> EnvironmentSpec:
+    """``config``: the validated ``env.args`` (None = the defaults)."""
+    cfg = config or FuncsConfig()
     return EnvironmentSpec(
         name="funcs",
-        make=lambda: FuncsEnvironment(sandbox, slots),
-        sample_tasks=lambda n, seed, heldout: family.sample_tasks(config, n, seed, heldout),
-        build_corpus=lambda n_docs, seed: family.build_corpus(config, n_docs, seed),
-        corpus_version=family.GENERATOR_VERSION,
+        make=lambda: FuncsEnvironment(sandbox),
+        sample_tasks=lambda n, seed, heldout: tasks.sample_tasks(cfg, n, seed, heldout),
+        build_corpus=lambda n_docs, seed: corpus.build_corpus(cfg, n_docs, seed),
+        corpus_version=tasks.GENERATOR_VERSION,
     )

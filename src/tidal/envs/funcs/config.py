@@ -1,21 +1,13 @@
-"""The environment: which task family, its difficulty, and how code is run."""
+"""Settings of the "funcs" family (``env.args`` when ``env.name = "funcs"``)."""
 
-from typing import Any
-
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tidal.section import Section
-from tidal.sandbox.config import SandboxConfig
 
 
-class EnvConfig(Section):
-    name: str = "funcs"
-    """Environment name: a built-in (tidal.env.registry.ENVIRONMENTS), an entry point of the
-    "tidal.environments" group, or an importable module path exposing load_environment()."""
-    args: dict[str, Any] = {}
-    """Keyword arguments for the environment's load_environment() (its own settings)."""
+class FuncsConfig(Section):
     min_level: int = Field(1, ge=1)
-    """Easiest difficulty level sampled for training tasks."""
+    """Easiest difficulty level sampled for training tasks (operations composed in f)."""
     max_level: int = Field(3, ge=1)
     """Hardest difficulty level sampled for training (and held-out) tasks."""
     heldout_buckets: int = Field(10, ge=2)
@@ -29,4 +21,9 @@ class EnvConfig(Section):
     typical slip (an off-by-one constant, a confused operator), as code found in the wild does.
     The pretrained model thus writes plausible but often wrong code, and RL learns correctness
     from the verifier. 0 = a perfectly clean corpus."""
-    sandbox: SandboxConfig = SandboxConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> "FuncsConfig":
+        if self.min_level > self.max_level:
+            raise ValueError(f"min_level ({self.min_level}) exceeds max_level ({self.max_level})")
+        return self

@@ -1,4 +1,4 @@
-"""Settings of the long-horizon task family "ledger" (see tasks/longhorizon.py)."""
+"""Settings of the long-horizon family "ledger" (``env.args`` when ``env.name = "ledger"``)."""
 
 from pydantic import Field, model_validator
 
@@ -23,6 +23,10 @@ class LedgerConfig(Section):
     """Hidden test cases of f."""
     heldout_buckets: int = Field(10, ge=2)
     """1 in this many specs (by a hash of the spec) is held out; never trained on."""
+    corpus_window: int = Field(384, ge=272)
+    """Context window of the demonstrations the mid-training corpus renders, tokens (the
+    environment's build_corpus): match the RL run's harness.context_window. At least 272: a
+    file, the submit turn and a summary must fit in one context."""
     summary_slip_rate: float = Field(0.08, ge=0.0, lt=1.0)
     """Demonstration realism: the chance that each summary the scripted expert writes drops a
     step or garbles one (the expert then trusts its own summary, so the episode fails). The

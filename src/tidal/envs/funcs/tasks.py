@@ -25,8 +25,11 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
+from tidal.envs.funcs.config import FuncsConfig
+
 GENERATOR_VERSION = 2
-"""Bump whenever prompts, solutions or the corpus change: it is part of the pretrain cache key."""
+"""Bump whenever prompts, solutions or the corpus change: it is the environment's
+corpus_version, part of the pretrain cache key."""
 
 # (name, phrase, code line(s) acting on x, needs_constant, python semantics)
 # Code lines are indented one level inside ``def f(x):``; a conditional is a one-line ``if``.
@@ -131,14 +134,14 @@ def make_task(spec, rng: random.Random, num_examples: int, num_tests: int) -> Ta
                 tuple(pairs[num_examples:]))
 
 
-def sample_tasks(env_cfg, n: int, seed: int, heldout: bool) -> list[Task]:
+def sample_tasks(cfg: FuncsConfig, n: int, seed: int, heldout: bool) -> list[Task]:
     """``n`` tasks from the training split (heldout=False) or the held-out split (True).
 
-    Deterministic in (env_cfg, seed). Specs never cross splits (see module docstring).
+    Deterministic in (cfg, seed). Specs never cross splits (see module docstring).
     """
     rng = random.Random(f"{seed}-{'heldout' if heldout else 'train'}")
-    specs = split_specs(rng, n, (env_cfg.min_level, env_cfg.max_level), env_cfg.heldout_buckets, heldout)
-    return [make_task(spec, rng, env_cfg.num_examples, env_cfg.num_tests) for spec in specs]
+    specs = split_specs(rng, n, (cfg.min_level, cfg.max_level), cfg.heldout_buckets, heldout)
+    return [make_task(spec, rng, cfg.num_examples, cfg.num_tests) for spec in specs]
 
 
 def split_specs(rng: random.Random, n: int, levels: tuple[int, int], buckets: int, heldout: bool,
@@ -165,22 +168,26 @@ def split_specs(rng: random.Random, n: int, levels: tuple[int, int], buckets: in
         yield spec
 
 
-def _slip(rng: random.Random, name: str, c: int) -> tuple[str, int]:
-    """A plausible bug for one line: a confused operator or an off-by-one constant."""
+def slip(rng: random.Random, name: str, c: int) -> tuple[str, int]:
+    """A plausible bug for the step ``(name, c)``: a confused operator or an off-by-one constant
+    (what the corpus's hurried programmer, fixit's broken line and ledger's garbled summary
+    write)."""
     if OP_BY_NAME[name][3] and rng.random() < 0.5:
         return name, max(CONST_RANGE[0], min(CONST_RANGE[1] + 1, c + rng.choice((-1, 1))))
     other = CONFUSED[name]
     return other, (c if c else rng.randint(*CONST_RANGE)) if OP_BY_NAME[other][3] else 0
 
 
-def corpus_document(task: Task, rng: random.Random, bug_rate: float) -> str:
-    """The task's prompt and a solution as a hurried programmer would write it."""
-    written = tuple(_slip(rng, n, c) if rng.random() < bug_rate else (n, c) for n, c in task.spec)
-    return task.prompt + solution_text(written)
+CODE_LINE_TO_STEP = {"    " + op[2].format(c=c): (op[0], c if op[3] else 0)
+                     for op in OPS for c in range(0, CONST_RANGE[1] + 2)}
+"""Every line ``solution_text`` writes (constants 0..10: a slip can push one out of range)."""
 
 
-def build_corpus(env_cfg, n_docs: int, seed: int) -> list[str]:
-    """Mid-training documents from the *training* split only (never the held-out split)."""
-    rng = random.Random(f"{seed}-corpus")
-    tasks = sample_tasks(env_cfg, n_docs, seed + 1_000_003, heldout=False)
-    return [corpus_document(t, rng, env_cfg.corpus_bug_rate) for t in tasks]
+def parse_solution(source: str) -> tuple[tuple[str, int], ...] | None:
+    """The spec of ``def f(x):`` + a body written exactly as ``solution_text`` writes it; None
+    for any other text. Lets a scripted demonstration be graded without running code."""
+    lines = source.rstrip("\n").split("\n")
+    if len(lines) < 2 or lines[0] != "def f(x):" or lines[-1] != "    return x":
+        return None
+    steps = [CODE_LINE_TO_STEP.get(line) for line in lines[1:-1]]
+    return None if None in steps else tuple(steps)

@@ -1,1 +1,0 @@
-"""Example environments (documented in docs/environments.md, exercised by tests)."""

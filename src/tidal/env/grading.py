@@ -1,0 +1,93 @@
+"""Grading in the sandbox: run a program that prints a nonce-stamped verdict, and read it back.
+
+A grading program is the environment's own checker with the candidate code embedded in it (as a
+string it compiles and runs). It starts with ``NONCE_PREAMBLE``, which reads a fresh random nonce
+from stdin *before* the candidate runs, and it reports one verdict line::
+
+    print(_nonce, "pass", 6, 6)            # <nonce> <verdict> <fields...>
+
+A candidate that prints a fake verdict cannot know the nonce, and one that exits early leaves no
+line at all; so whatever the candidate does — a syntax error, an exception, an infinite loop, a
+fork bomb, a memory hog, a flood of output — ``run_graded`` returns a ``Verdict`` with a reason
+and never raises.
+
+Parallel gradings: every run holds one of its sandbox's ``grading_slots`` (``env.sandbox.
+concurrency`` of them, shared by every episode and environment grading through that sandbox),
+so many episodes finishing at once queue for the CPUs instead of oversubscribing them.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+NONCE_PREAMBLE = "import sys\n_nonce = sys.stdin.readline().strip()\n"
+"""The first lines of a grading program: the nonce is read before any candidate code runs."""
+
+NO_RESULT = "no_result"
+"""The reason when the program ended without a verdict line carrying the nonce."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one grading run said.
+
+    reason: the verdict word ("pass", "wrong_answer", ...), or the sandbox's reason for killing
+        the program ("timeout", "memory", "cpu", "output", ...), or ``NO_RESULT``.
+    fields: the words after the verdict on its line (empty unless the program printed one).
+    wall_s: seconds the run took.
+    """
+
+    reason: str
+    fields: tuple[str, ...]
+    wall_s: float
+
+
+def parse_verdict(stdout: str, nonce: str) -> tuple[str, tuple[str, ...]] | None:
+    """The last line of ``stdout`` that starts with ``nonce`` and a verdict word, split into
+    (verdict, fields); None if there is none."""
+    for line in reversed(stdout.splitlines()):
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == nonce:
+            return parts[1], tuple(parts[2:])
+    return None
+
+
+_slots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_slots_lock = threading.Lock()
+
+
+def grading_slots(sandbox) -> threading.BoundedSemaphore:
+    """The one limit on parallel gradings through ``sandbox``: ``sandbox.cfg.concurrency`` runs
+    at once, shared by every caller (hold it while a program runs: ``with grading_slots(sb):``).
+    ``run_graded`` takes it for you."""
+    with _slots_lock:
+        if sandbox not in _slots:
+            _slots[sandbox] = threading.BoundedSemaphore(sandbox.cfg.concurrency)
+        return _slots[sandbox]
+
+
+def run_graded(sandbox, program: str) -> Verdict:
+    """Run ``program`` (starting with NONCE_PREAMBLE) with a fresh nonce on stdin, in one of the
+    sandbox's grading slots; blocking (in async code: ``await run_blocking(run_graded, ...)``)."""
+    nonce = secrets.token_hex(8)
+    with grading_slots(sandbox):
+        res = sandbox.run_python(program, stdin=nonce + "\n")
+    if res.killed_reason:
+        return Verdict(res.killed_reason, (), res.wall_s)
+    verdict = parse_verdict(res.stdout, nonce)
+    if verdict is None:
+        return Verdict(NO_RESULT, (), res.wall_s)
+    return Verdict(verdict[0], verdict[1], res.wall_s)
+
+
+def run_graded_many(sandbox, programs: list[str]) -> list[Verdict]:
+    """``run_graded`` on each program, as many at once as the grading slots allow; results in
+    program order."""
+    if not programs:
+        return []
+    with ThreadPoolExecutor(max_workers=min(sandbox.cfg.concurrency, len(programs))) as pool:
+        return list(pool.map(lambda p: run_graded(sandbox, p), programs))

@@ -1,0 +1,63 @@
+"""Grade a funcs-shaped candidate: ``f`` of one argument, checked on hidden ``(x, y)`` pairs.
+
+The program is a small checker with the candidate source embedded as a string, run through
+tidal.env.grading (nonce-stamped verdict, a grading slot per run, never raises for bad code):
+a syntax error, an exception, an infinite loop, a fork bomb, a memory hog, a flood of output or
+a network attempt all end as reward 0 with a recorded reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tidal.env.grading import NONCE_PREAMBLE, run_graded_many
+from tidal.envs.funcs.tasks import Task
+
+CHECKER = NONCE_PREAMBLE + """\
+_src = {src!r}
+_tests = {tests!r}
+try:
+    _code = compile(_src, "solution.py", "exec")
+except (SyntaxError, ValueError) as e:
+    print(_nonce, "syntax_error", 0, len(_tests), flush=True)
+    raise SystemExit(0)
+_ns = {{}}
+try:
+    exec(_code, _ns)
+    _f = _ns["f"]
+    _passed = sum(1 for _x, _y in _tests if _f(_x) == _y)
+except Exception as e:
+    print(_nonce, "runtime_error", 0, len(_tests), type(e).__name__, flush=True)
+    raise SystemExit(0)
+print(_nonce, "pass" if _passed == len(_tests) else "wrong_answer", _passed, len(_tests), flush=True)
+"""
+
+
+@dataclass
+class Grade:
+    """Outcome of one candidate: reward in [0, 1] (1 = every hidden test passed)."""
+
+    reward: float
+    reason: str
+    passed: int
+    total: int
+    wall_s: float
+
+
+def candidate_source(task: Task, completion: str) -> str:
+    return task.prompt + completion
+
+
+def checker_program(task: Task, completion: str) -> str:
+    return CHECKER.format(src=candidate_source(task, completion), tests=list(task.tests))
+
+
+def grade_many(sandbox, tasks: list[Task], completions: list[str]) -> list[Grade]:
+    """Grade each (task, completion) pair in its own sandbox run; never raises for bad code."""
+    programs = [checker_program(t, c) for t, c in zip(tasks, completions)]
+    grades = []
+    for task, verdict in zip(tasks, run_graded_many(sandbox, programs)):
+        passed = int(verdict.fields[0]) if verdict.fields else 0
+        reward = 1.0 if verdict.reason == "pass" else 0.0
+        grades.append(Grade(reward, verdict.reason, passed, len(task.tests), verdict.wall_s))
+    return grades
