@@ -8,7 +8,11 @@ import torch
 from test_orchestrator import cfg_with
 
 from tidal.model import build_model
-from tidal.orchestrator.weights import FilesystemWeightStore, open_weight_publisher, open_weight_source
+from tidal.orchestrator.weights import (
+    FilesystemWeightStore,
+    open_weight_publisher,
+    open_weight_source,
+)
 from tidal.sync.transport import WeightPublisher, WeightSource
 from tidal.sync.weight_store import HttpWeightPublisher, HttpWeightSource
 
