@@ -60,7 +60,7 @@ class EpisodeResult:
 
     @property
     def resets(self) -> int:
-        return len(self.segments) - 1
+        return max(len(self.segments) - 1, 0)  # an episode skipped before its first segment: 0
 
     @property
     def transcript_tokens(self) -> int:
