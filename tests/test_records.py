@@ -47,6 +47,10 @@ STEP_KEYS = {
 }
 """A step record without its episode/ and train/ keys (a step that trained nothing has none)."""
 EVAL_KEYS = {"heldout_pass1", "kind", "label", "pass1_by_level", "reasons", "step", "version", "wall_s"}
+"""An eval record without its episode/ keys (as written before evaluations kept them)."""
+EVAL_EPISODE_KEYS = EPISODE_KEYS | {"episode/effective_horizon_min"}
+"""Added to every eval record since: the held-out episodes' harness statistics (as a step's),
+and the shortest effective horizon."""
 WORKER_KEYS = {"end_s", "kind", "start_s", "state", "worker"}
 WORKER_FAILURE_KEYS = {"assignment", "error", "kind", "step", "wall_s", "worker"}
 SUMMARY_KEYS = {
@@ -77,9 +81,7 @@ def step_record(train: TrainStats | None, episode: EpisodeMeans | None) -> StepR
 
 
 def test_step_record_keys():
-    episode = EpisodeMeans(turns=2.0, resets=0.5, effective_horizon=0.9, summary_tokens_mean=10.0,
-                           tool_errors=0.25)
-    record = step_record(train_stats(), episode).to_json()
+    record = step_record(train_stats(), episode_means()).to_json()
     assert set(record) == STEP_KEYS | EPISODE_KEYS | {f"train/{k}" for k in TRAIN_KEYS}
     assert record["kind"] == "step" and record["episode/turns"] == 2.0
     assert record["staleness_hist"] == {"0": 5, "1": 3}  # str keys, in staleness order
@@ -97,19 +99,28 @@ def test_train_stats_keys_with_an_off_policy_correction_and_moe_routing():
     assert set(train_stats().to_json()) == TRAIN_KEYS
 
 
+def episode_means() -> EpisodeMeans:
+    return EpisodeMeans(turns=2.0, resets=0.5, effective_horizon=0.9, summary_tokens_mean=10.0,
+                        tool_errors=0.25)
+
+
 def test_eval_worker_and_failure_keys():
-    ev = EvalRecord("before", 0, 0, 0.0, 0.25, {1: 0.5, 2: 0.0}, {"pass": 1})
-    assert set(ev.to_json()) == EVAL_KEYS and ev.to_json()["kind"] == "eval"
+    ev = EvalRecord("before", 0, 0, 0.0, 0.25, {1: 0.5, 2: 0.0}, {"pass": 1}, episode_means(), 0.7)
+    assert set(ev.to_json()) == EVAL_KEYS | EVAL_EPISODE_KEYS and ev.to_json()["kind"] == "eval"
+    assert ev.to_json()["episode/effective_horizon_min"] == 0.7
+    assert set(EvalRecord("before", 0, 0, 0.0, 0.25, {}, {}).to_json()) == EVAL_KEYS
     assert set(WorkerSpan(0, "busy", 0.0, 1.0).to_json()) == WORKER_KEYS
     failure = WorkerFailure(1, 2, 7, "RuntimeError: boom", 3.0).to_json()
     assert set(failure) == WORKER_FAILURE_KEYS and failure["kind"] == "worker_failure"
 
 
 def test_eval_records_survive_a_checkpoint_and_the_json_form():
-    ev = EvalRecord("step 2", 2, 2, 5.0, 0.5, {1: 0.75}, {"pass": 2})
+    ev = EvalRecord("step 2", 2, 2, 5.0, 0.5, {1: 0.75}, {"pass": 2}, episode_means(), 0.7)
     state = RunState(step=2, trajectories=16, evals=[ev])
     assert RunState.from_checkpoint(state.to_checkpoint()) == state
     assert EvalRecord.from_json(json.loads(json.dumps(ev.to_json()))) == ev  # "1" -> 1
+    old = {k: v for k, v in ev.to_json().items() if not k.startswith("episode/")}  # an older record
+    assert EvalRecord.from_json(old) == EvalRecord("step 2", 2, 2, 5.0, 0.5, {1: 0.75}, {"pass": 2})
 
 
 class FailsOnce(RolloutWorker):
@@ -134,7 +145,8 @@ def test_a_run_writes_exactly_the_pinned_keys(tmp_path, ckpt, monkeypatch):  # n
         r = json.loads(line)
         keys.setdefault(r["kind"], set()).update(r)
     assert keys == {"step": STEP_KEYS | EPISODE_KEYS | {f"train/{k}" for k in TRAIN_KEYS},
-                    "eval": EVAL_KEYS, "worker": WORKER_KEYS, "worker_failure": WORKER_FAILURE_KEYS}
+                    "eval": EVAL_KEYS | EVAL_EPISODE_KEYS, "worker": WORKER_KEYS,
+                    "worker_failure": WORKER_FAILURE_KEYS}
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary) == SUMMARY_KEYS
     assert set(RunSummary.__dataclass_fields__) == SUMMARY_KEYS

@@ -4,21 +4,28 @@ training. A task skipped as prompt_too_long counts as unsolved (and in ``reasons
 
 Averaged over ``samples_per_task`` independent samples per task (an unbiased estimate of pass@1
 with lower variance than a single sample), with the same sampler settings before and after RL.
+Beside it, how the episodes went through the harness (``episode``: the means of
+``Trajectory.episode``, as a training step records them, and the shortest effective horizon),
+so a long-horizon evaluation says whether its episodes outgrew the window.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import asdict
 from typing import Any
 
 from tidal.harness import HarnessConfig, run_episodes
 
 
 def heldout_pass1(engine, env, tasks: list[Any], harness_cfg: HarnessConfig,
-                  samples_per_task: int = 2) -> dict:
+                  samples_per_task: int = 2, client=None) -> dict:
     """``env``: the EnvironmentSpec; pass1_by_level groups by ``Trajectory.level`` where the
-    environment reports one."""
-    trajs, stats = run_episodes(engine, env, tasks, harness_cfg, samples_per_task)
+    environment reports one. ``client``: a scripted policy in place of the engine's sampling
+    (see run_episodes; ``engine`` then supplies only its tokenizer and settings), graded alike."""
+    from tidal.orchestrator.records import EpisodeMeans
+
+    trajs, stats = run_episodes(engine, env, tasks, harness_cfg, samples_per_task, client=client)
     solved = [float(t.solved) for t in trajs]
     by_level: dict[int, list[float]] = {}
     for t, ok in zip(trajs, solved):
@@ -29,6 +36,8 @@ def heldout_pass1(engine, env, tasks: list[Any], harness_cfg: HarnessConfig,
         "reward_mean": sum(t.reward for t in trajs) / len(trajs),
         "pass1_by_level": {lvl: sum(r) / len(r) for lvl, r in sorted(by_level.items())},
         "reasons": dict(Counter(t.reason for t in trajs)),
+        "episode": asdict(EpisodeMeans.of(trajs)),
+        "effective_horizon_min": min(t.episode.effective_horizon for t in trajs),
         "tasks": len(tasks),
         "samples": len(trajs),
         "tokens_per_s": stats.generated_tokens / max(stats.generate_s, 1e-9),

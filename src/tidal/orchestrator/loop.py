@@ -210,7 +210,9 @@ class Run:
                                self.cfg.orchestrator.eval_samples_per_task)
         record = EvalRecord(label=label, step=self.state.step, version=self.trainer.version,
                             wall_s=self.state.rl_wall_s, heldout_pass1=result["pass1"],
-                            pass1_by_level=result["pass1_by_level"], reasons=result["reasons"])
+                            pass1_by_level=result["pass1_by_level"], reasons=result["reasons"],
+                            episode=EpisodeMeans(**result["episode"]),
+                            effective_horizon_min=result["effective_horizon_min"])
         self._write(record)
         self.state.evals.append(record)
         return record

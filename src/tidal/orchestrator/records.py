@@ -147,15 +147,30 @@ class EvalRecord:
     """heldout_pass1 per task level, where the environment reports levels (JSON keys are strings)."""
     reasons: dict[str, int]
     """Held-out samples by Trajectory.reason."""
+    episode: EpisodeMeans | None = None
+    """Harness statistics per held-out episode, as a step's (written as ``episode/<name>``);
+    None in records written before evaluations kept them."""
+    effective_horizon_min: float | None = None
+    """The shortest held-out episode's effective horizon (``episode/effective_horizon_min``):
+    with the mean, whether every episode outgrew its window, not only most."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": "eval", **_plain(self)}
+        out = {"kind": "eval", **_plain(self, skip=("episode", "effective_horizon_min"))}
+        if self.episode is not None:
+            out |= {f"episode/{k}": v for k, v in _plain(self.episode).items()}
+            out["episode/effective_horizon_min"] = self.effective_horizon_min
+        return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> EvalRecord:
-        """From ``to_json()`` or ``asdict`` (a checkpoint's RunState; older ones hold the JSON)."""
+        """From ``to_json()`` (metrics.jsonl, a checkpoint's RunState), or the plain fields
+        (without episode statistics) of a checkpoint written before RunState kept that form."""
         by_level = {int(k): v for k, v in d["pass1_by_level"].items()}
-        return cls(**{**{k: v for k, v in d.items() if k != "kind"}, "pass1_by_level": by_level})
+        own = {k: v for k, v in d.items() if k != "kind" and not k.startswith("episode/")}
+        means = {k.removeprefix("episode/"): v for k, v in d.items() if k.startswith("episode/")}
+        low = means.pop("effective_horizon_min", None)
+        return cls(**{**own, "pass1_by_level": by_level,
+                      "episode": EpisodeMeans(**means) if means else None, "effective_horizon_min": low})
 
 
 @dataclass
@@ -287,7 +302,7 @@ class RunState:
 
     def to_checkpoint(self) -> dict[str, Any]:
         """Plain data (no tidal classes), so a checkpoint loads whatever this module becomes."""
-        return {**_plain(self, skip=("evals",)), "evals": [_plain(e) for e in self.evals]}
+        return {**_plain(self, skip=("evals",)), "evals": [e.to_json() for e in self.evals]}
 
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> RunState:
