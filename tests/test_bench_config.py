@@ -98,3 +98,45 @@ def test_quick_sets_its_keys_beneath_the_command_line():
     bench, cfg, _ = parse(fake, "fake", ["--quick", "--bench.rows", "3"])
     assert (bench.runs, bench.rows, cfg.engine.max_batch_size) == (1, 3, 8)
     assert parse(fake, "fake", [])[0].runs == 10
+
+
+def test_defaults_lie_beneath_the_recipe_and_the_command_line(tmp_path):
+    """A benchmark's DEFAULTS (a stand-in module) set run-config keys the recipe or the command
+    line did not; --quick's keys and the command line's win over them."""
+    import types
+
+    from tidal.section import Section
+
+    class BenchSection(Section):
+        """A stand-in benchmark."""
+
+    fake = types.ModuleType("fake_bench")
+    fake.BenchSection, fake.READS, fake.run = BenchSection, ("trainer", "engine"), lambda *a: 0
+    fake.DEFAULTS = {"trainer.lr": 1e-4, "trainer.warmup_steps": 0, "engine.numerics": "fast"}
+    fake.QUICK = {"trainer.warmup_steps": 3}
+    recipe = tmp_path / "r.toml"
+    recipe.write_text("[trainer]\nlr = 2e-4\n")
+    _, cfg, _ = parse(fake, "fake", [])
+    assert (cfg.trainer.lr, cfg.trainer.warmup_steps, cfg.engine.numerics) == (1e-4, 0, "fast")
+    _, cfg, _ = parse(fake, "fake", [str(recipe), "--quick"])
+    assert (cfg.trainer.lr, cfg.trainer.warmup_steps, cfg.engine.numerics) == (2e-4, 3, "fast")
+    _, cfg, _ = parse(fake, "fake", [str(recipe), "--trainer.lr", "5e-4", "--engine.numerics", "deterministic"])
+    assert (cfg.trainer.lr, cfg.engine.numerics) == (5e-4, "deterministic")
+
+
+def test_every_benchmark_reads_the_keys_it_sets():
+    """Each key of a benchmark's DEFAULTS and QUICK is one it reads (else --help and the JSON's
+    config would not show it, and the user's override of it would be noted as unused)."""
+    for module in map(importlib.import_module, (v[0] for v in BENCHMARKS.values())):
+        keys = {**getattr(module, "DEFAULTS", {}), **getattr(module, "QUICK", {})}
+        run_keys = [k for k in keys if not k.startswith("bench.")]
+        for key in run_keys:
+            assert any(key == r or key.startswith(r + ".") for r in getattr(module, "READS", ())), (module, key)
+
+
+def test_help_shows_the_benchmarks_defaults(capsys):
+    with pytest.raises(SystemExit):
+        tidal_main(["bench", "horizon", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--orchestrator.max_staleness 0" in out and "--engine.numerics \"fast\"" in out
+    assert "--bench.windows" in out and "--bench.runs_dir" in out

@@ -22,17 +22,28 @@ with the old ``add_arguments``/``run_from_args`` keeps its argparse flags until 
                                                      # --KEY outside them is noted as unused
     QUICK = {"bench.runs": 1}                        # optional: what --quick sets (dotted keys,
                                                      # beneath those given on the command line)
+    DEFAULTS = {"engine.numerics": "fast"}           # optional: the benchmark's own defaults of
+                                                     # run-config keys, beneath the recipe and
+                                                     # the command line (listed by --help)
 
     def run(bench: BenchSection, cfg: TidalConfig, json_path: str | None) -> int: ...
 
 and, to run as ``python -m``: ``raise SystemExit(main(sys.modules[__name__], "NAME"))``.
 In ``run``: ``with_preset(cfg, name)`` where the benchmark offers named model sizes, and
 ``config_record(bench, cfg, READS)`` into its JSON (the resolved bench section and the run-config
-sections it used). List fields take ``1,16,64`` or a TOML list (``IntList``, ``StrList``).
+sections it used); ``with_keys(cfg, {"engine.max_seq_len": 384})`` where it derives run-config
+keys from its own fields (validated again, as the loader does). List fields take ``1,16,64`` or
+a TOML list (``IntList``, ``StrList``).
+
+Precedence, lowest first: the run config's own defaults, ``DEFAULTS``, the recipe, ``QUICK``
+(with --quick), the command line. So a benchmark that measures with other settings than a
+training run's (fast numerics, a synchronous loop) says so in ``DEFAULTS``, its JSON records
+what ran, and every key stays the user's to change.
 
 Moving a benchmark from argparse: each flag of its own becomes a documented ``BenchSection``
 field; each flag that restates a run-config field (threads, numerics, seed, temperature, sizes)
-is dropped and read from ``cfg`` and listed in ``READS``; ``--quick`` becomes ``QUICK``;
+is dropped and read from ``cfg`` and listed in ``READS`` (a default of its own that differs from
+tidal's goes in ``DEFAULTS``); ``--quick`` becomes ``QUICK``;
 ``add_arguments``/``run_from_args`` become ``run``. The seed and the engine's threads are read
 through ``SEED_KEY``/``THREADS_KEY`` (``run_seed``, ``torch_threads``), so when the run config
 gains a section of its own for them, only those two names change.
@@ -118,7 +129,7 @@ def parse(module: ModuleType, name: str, argv: list[str],
     own = {k.removeprefix("bench."): v for k, v in overrides.items() if k.startswith("bench.")}
     rest = {k: v for k, v in overrides.items() if not k.startswith("bench.")}
     bench = bench_section(module.BenchSection, name, own)
-    cfg = load_config(args.recipe, rest)
+    cfg = load_config(args.recipe, rest, defaults=getattr(module, "DEFAULTS", None))
     _note_unread(name, rest, getattr(module, "READS", ()))
     return bench, cfg, args.json
 
@@ -159,7 +170,8 @@ def build_parser(module: ModuleType, name: str, prog: str | None = None) -> argp
     doc = inspect.cleandoc(module.BenchSection.__doc__ or "")
     parser = argparse.ArgumentParser(prog=prog or f"tidal bench {name}", usage=usage,
                                      description=f"{summary}\n\n{doc}".strip(),
-                                     epilog=help_epilog(module.BenchSection, getattr(module, "READS", ())),
+                                     epilog=help_epilog(module.BenchSection, getattr(module, "READS", ()),
+                                                        getattr(module, "DEFAULTS", None)),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe", nargs="?", metavar="RECIPE.toml",
                         help="run config to start from (default: the default recipe)")
@@ -170,8 +182,9 @@ def build_parser(module: ModuleType, name: str, prog: str | None = None) -> argp
     return parser
 
 
-def help_epilog(cls: type[Section], reads: tuple[str, ...]) -> str:
-    """The benchmark's fields (type, default, docstring) and the run-config keys it reads."""
+def help_epilog(cls: type[Section], reads: tuple[str, ...], defaults: dict[str, Any] | None = None) -> str:
+    """The benchmark's fields (type, default, docstring), the run-config keys it reads and the
+    defaults it gives them."""
     lines = ["its own settings (--bench.KEY VALUE):"]
     for field, info in cls.model_fields.items():
         default = _shown(info.get_default(call_default_factory=True))
@@ -182,6 +195,10 @@ def help_epilog(cls: type[Section], reads: tuple[str, ...]) -> str:
         "the run config: RECIPE.toml (default: the default recipe) with any --SECTION.KEY VALUE "
         "override of it, as tidal train takes them (tidal train --dry-run prints every key). "
         f"This benchmark reads: {', '.join(reads) or 'nothing of it'}.", 92)]
+    if defaults:
+        lines += ["", *textwrap.wrap(
+            "its defaults of run-config keys (beneath the recipe and the command line): "
+            + " ".join(f"--{k} {_shown(v)}" for k, v in defaults.items()), 92)]
     return "\n".join(lines)
 
 
@@ -217,6 +234,16 @@ def with_preset(cfg: TidalConfig, preset_name: str) -> TidalConfig:
         why = "; ".join(f"model.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
         raise ConfigError(f"model preset {preset_name!r} with the [model] keys given: {why}") from None
     return cfg.model_copy(update={"model": model})
+
+
+def with_keys(cfg: TidalConfig, keys: dict[str, Any]) -> TidalConfig:
+    """``cfg`` with these dotted keys set (a value may be a whole section's dict), validated
+    again as a whole: one ConfigError naming each key that does not fit. The dtypes "auto"
+    chose resolve afresh (``recipe_tree``)."""
+    from tidal.config.dump import recipe_tree
+    from tidal.config.loader import config_from_tree
+
+    return config_from_tree(recipe_tree(cfg), keys)
 
 
 def config_record(bench: Section, cfg: TidalConfig, reads: tuple[str, ...]) -> dict[str, Any]:

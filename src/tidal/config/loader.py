@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import tomllib
 from pathlib import Path
@@ -76,19 +77,40 @@ def _explain(err: ValidationError) -> str:
     return "invalid config:\n  " + "\n  ".join(lines)
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | dict | None = None) -> "TidalConfig":
-    """Read TOML (or the default recipe if ``path`` is None), apply overrides, validate."""
-    from tidal.config import TidalConfig
+def _merge(tree: dict[str, Any], top: dict[str, Any]) -> None:
+    """``top``'s keys into ``tree``, section by section (``top`` wins)."""
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(tree.get(key), dict):
+            _merge(tree[key], value)
+        else:
+            tree[key] = value
 
+
+def load_config(path: str | Path | None = None, overrides: list[str] | dict | None = None,
+                defaults: dict[str, Any] | None = None) -> "TidalConfig":
+    """Read TOML (or the default recipe if ``path`` is None), apply overrides, validate.
+    ``defaults``: dotted keys beneath the recipe (a benchmark's own defaults): the recipe's keys
+    and the overrides win over them."""
     tree: dict[str, Any] = {}
+    for key, value in (defaults or {}).items():
+        _set_dotted(tree, key, value)
     if path is not None:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
         try:
-            tree = tomllib.loads(p.read_text())
+            _merge(tree, tomllib.loads(p.read_text()))
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
+    return config_from_tree(tree, overrides)
+
+
+def config_from_tree(tree: dict[str, Any], overrides: list[str] | dict | None = None) -> "TidalConfig":
+    """A recipe's nested keys (``tree``, left unchanged) with dotted overrides, validated; one
+    ConfigError naming each bad key."""
+    from tidal.config import TidalConfig
+
+    tree = copy.deepcopy(tree)
     if isinstance(overrides, list):
         overrides = parse_overrides(overrides)
     for key, value in (overrides or {}).items():
