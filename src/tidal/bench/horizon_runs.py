@@ -1,0 +1,132 @@
+"""The horizon benchmark's RL: one run of tidal's own loop per window and mode, and what it recorded.
+
+    for each window W, for mode in (summarize, truncate):
+        the run config  = the benchmark's, with engine.max_seq_len = W, env.args = the window's
+                          LedgerConfig, harness = the family's at W in this mode (harness_for,
+                          budgets twice the expert's) with the harness keys the user gave on top
+        Run(config, runs_dir/W<W>-<mode>, the mid-trained model).run()     (orchestrator.loop)
+            "before" evaluation: orchestrator.heldout_tasks held-out tasks (heldout_seed)
+            RL until orchestrator.steps or orchestrator.time_budget_s, whichever comes first
+            "after" evaluation on the same tasks
+        the scripted expert on the same tasks through the same harness (evaluate.heldout_pass1)
+
+The figures are read back from what each run wrote (its EvalRecords and step records in
+metrics.jsonl, its summary.json), so the benchmark reports the runs, never a second computation.
+Both modes start from the same model with the same config but for ``harness.context_mode``,
+so they get the same algorithm, the same step and wall-clock budget and the same held-out tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+from tidal.bench.config import with_keys
+from tidal.config import ConfigError, TidalConfig
+from tidal.envs.ledger.sizing import LedgerWindow
+from tidal.harness import HarnessConfig
+from tidal.orchestrator.records import EvalRecord
+
+MODES = ("summarize", "truncate")
+BENCH_HARNESS_KEYS = ("context_window", "context_mode")
+"""Harness keys the benchmark sets itself (the window it compares, the mode it compares)."""
+
+
+def harness_keys(cfg: TidalConfig) -> dict:
+    """The harness keys the recipe or the command line gave (not the two the benchmark sets)."""
+    return {k: getattr(cfg.harness, k) for k in cfg.harness.model_fields_set if k not in BENCH_HARNESS_KEYS}
+
+
+def run_harness(given: dict) -> Callable[[HarnessConfig], HarnessConfig]:
+    """The family's harness settings -> the run's: ``given`` (harness_keys) on top."""
+    return lambda family: HarnessConfig.model_validate({**family.model_dump(), **given})
+
+
+def run_config(cfg: TidalConfig, lw: LedgerWindow, mode: str,
+               harness: Callable[[HarnessConfig], HarnessConfig]) -> TidalConfig:
+    """The run config of window ``lw`` in ``mode``."""
+    return with_keys(cfg, {"engine.max_seq_len": lw.window, "env.name": "ledger",
+                           "env.args": lw.ledger.model_dump(mode="json"),
+                           "harness": harness(lw.harness(mode)).model_dump(mode="json")})
+
+
+def run_dir_of(runs_dir: Path, window: int, mode: str) -> Path:
+    return runs_dir / f"W{window}-{mode}"
+
+
+def run_mode(cfg: TidalConfig, run_dir: Path, model_dir: Path, progress: bool) -> dict:
+    """One RL run (tidal's loop, orchestrator.loop.Run) in ``run_dir``: config.toml, the run's
+    records and summary.json; then the expert on its held-out tasks. Returns mode_figures."""
+    from tidal.config.dump import recipe_tree, to_toml
+    from tidal.orchestrator.loop import Run, write_summary
+
+    if (run_dir / "metrics.jsonl").exists():
+        raise ConfigError(f"{run_dir} already holds a run: give another --bench.runs_dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(to_toml(recipe_tree(cfg)) + "\n")
+    run = Run(cfg, run_dir, model_dir, progress)
+    write_summary(run_dir, run.run())
+    return mode_figures(run_dir, expert_pass1(run))
+
+
+def expert_pass1(run) -> dict:
+    """The slip-free scripted expert (tidal.envs.ledger.demos.ExpertClient) on the run's held-out
+    tasks, through the run's harness and environment, graded as the model is
+    (``heldout_pass1``): the family's ceiling with summaries, and what a perfect reader keeps
+    through a sliding window (by design nothing: the steps are read windows before f is written)."""
+    from tidal.envs.ledger.demos import ExpertClient
+    from tidal.orchestrator.evaluate import heldout_pass1
+
+    client = ExpertClient(run.eval_engine.tokenizer, random.Random(0), slip_rate=0.0)
+    return heldout_pass1(run.eval_engine, run.env, run.heldout, run.cfg.harness, 1, client=client)
+
+
+def mode_figures(run_dir: Path, expert: dict) -> dict:
+    """What the run in ``run_dir`` recorded: its "before" and "after" evaluations and each step
+    (metrics.jsonl), its steps and RL wall time (summary.json); and the expert's evaluation."""
+    from tidal.telemetry.metrics import read_metrics
+
+    records = read_metrics(run_dir / "metrics.jsonl")
+    evals = {r["label"]: EvalRecord.from_json(r) for r in records if r["kind"] == "eval"}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    curve = [{"step": r["step"], "wall_s": r["wall_s"], "success": r["pass_rate"],
+              "loss": r.get("train/loss"), "kl": r.get("train/kl")}
+             for r in records if r["kind"] == "step"]
+    return {"before": eval_figures(evals["before"]), "after": eval_figures(evals["after"]),
+            "rl": {"run_dir": str(run_dir), "steps": summary["steps"], "wall_s": summary["rl_wall_s"],
+                   "curve": curve},
+            "expert": {"success": expert["pass1"], "effective_horizon": expert["episode"]["effective_horizon"],
+                       "resets": expert["episode"]["resets"]}}
+
+
+def eval_figures(ev: EvalRecord) -> dict:
+    """An evaluation's success and harness statistics, as the JSON reports them."""
+    e = ev.episode
+    return {"success": ev.heldout_pass1, "effective_horizon": e.effective_horizon,
+            "effective_horizon_min": ev.effective_horizon_min, "resets": e.resets,
+            "summary_tokens_mean": e.summary_tokens_mean, "tool_errors": e.tool_errors,
+            "episodes": sum(ev.reasons.values())}
+
+
+def run_window(cfg: TidalConfig, lw: LedgerWindow, harness, model_dir: Path, runs_dir: Path,
+               progress: bool, log) -> dict:
+    """Both modes' runs at window ``lw``: the JSON's ``by_window`` entry."""
+    modes, configs = {}, {mode: run_config(cfg, lw, mode, harness) for mode in MODES}
+    for mode in MODES:
+        run_dir = run_dir_of(runs_dir, lw.window, mode)
+        modes[mode] = run_mode(configs[mode], run_dir, model_dir, progress)
+        m = modes[mode]
+        log(f"W={lw.window} {mode}: before RL {m['before']['success']:.2f}, after "
+            f"{m['rl']['steps']} RL steps {m['after']['success']:.2f}, expert {m['expert']['success']:.2f}"
+            f" ({run_dir})")
+    out = {"window": lw.window, "num_files": lw.ledger.num_files,
+           "expert_effective_horizon": modes["summarize"]["expert"]["effective_horizon"],
+           "expert_resets": modes["summarize"]["expert"]["resets"],
+           "expert_success": {mode: modes[mode]["expert"]["success"] for mode in MODES},
+           "harness": {mode: configs[mode].harness.model_dump(mode="json") for mode in MODES}}
+    for mode in MODES:
+        out |= {f"before_rl_{mode}": modes[mode]["before"], f"rl_{mode}": modes[mode]["rl"],
+                f"after_rl_{mode}": modes[mode]["after"]}
+    return out
