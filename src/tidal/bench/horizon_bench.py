@@ -197,8 +197,8 @@ def tidal_config(bc: HorizonBenchConfig):
                    "seed": bc.seed},
         "pretrain": {"seq_len": longest, "batch_size": bc.pretrain_batch, "lr": bc.pretrain_lr,
                      "time_budget_s": bc.pretrain_s, "max_steps": 1_000_000, "warmup_steps": 30,
-                     "num_threads": bc.threads, "log_every": 50},
-        "orchestrator": {"seed": bc.seed},
+                     "log_every": 50},
+        "run": {"seed": bc.seed, "pretrain_threads": bc.threads},
     })
 
 

@@ -71,13 +71,15 @@ def cmd_train(args, rest) -> int:
     return _rl(cfg, run_dir, info, resume=False, t0=t0)
 
 
-def _pretrain_child_env() -> dict | None:
-    """Mid-training has the cores to itself (Ray and the sandboxes start after it), so when this
-    process runs with tidal's default OMP_WAIT_POLICY=PASSIVE (right for the RL phase) it
-    mid-trains in a child process without it (see tidal.cli.set_openmp_wait_policy)."""
+def _pretrain_child_env() -> dict:
+    """Mid-training runs in a child process: MKL's strict reproducible mode (which it turns on,
+    numerics/mkl_cnr.py) then stays out of the RL phase, where it would slow one-row matmuls;
+    and it has the cores to itself (Ray and the sandboxes start after it), so when this process
+    runs with tidal's default OMP_WAIT_POLICY=PASSIVE (right for the RL phase) the child runs
+    without it (see tidal.cli.set_openmp_wait_policy)."""
     import tidal.cli
 
-    return {"OMP_WAIT_POLICY": None} if tidal.cli.PASSIVE_BY_DEFAULT else None
+    return {"OMP_WAIT_POLICY": None} if tidal.cli.PASSIVE_BY_DEFAULT else {}
 
 
 def _resume(args, rest) -> int:
@@ -173,7 +175,7 @@ def cmd_eval(args, rest) -> int:
     model = from_pretrained(args.checkpoint, dtype=getattr(torch, cfg.model.dtype))
     engine = Engine(model, load_tokenizer(args.checkpoint), cfg.engine)
     tasks = env.sample_tasks(args.tasks or oc.heldout_tasks, oc.heldout_seed, True)
-    result = heldout_pass1(engine, env, tasks, cfg.harness, oc.eval_samples_per_task)
+    result = heldout_pass1(engine, env, tasks, cfg.harness, oc.eval_samples_per_task, cfg.run.seed)
     result["checkpoint"] = str(args.checkpoint)
     print(json.dumps(result, indent=2))
     return 0
