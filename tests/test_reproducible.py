@@ -17,8 +17,12 @@ import torch
 from safetensors.torch import load_file
 
 from tidal.config import load_config
+from tidal.engine.engine import Engine
+from tidal.env import from_config
 from tidal.env.base import Environment, StepResult
 from tidal.env.spec import EnvironmentSpec
+from tidal.model import from_pretrained, load_tokenizer
+from tidal.orchestrator.evaluate import heldout_pass1
 from tidal.orchestrator.loop import run_rl
 from tidal.pretrain.cache import cached_pretrained
 from tidal.pretrain.loop import METRICS_FILE
@@ -79,6 +83,28 @@ def test_synchronous_rl_gives_the_same_metrics_whatever_the_workers(pretrained, 
     assert len(steps) == 3 and any(r["train/grad_norm"] > 0 for r in steps)  # something was learnt
     assert runs[0] == runs[1], _diff(runs[0], runs[1])
     assert runs[0] == runs[2], "one worker instead of two: " + _diff(runs[0], runs[2])
+
+
+def test_evaluating_one_checkpoint_again_gives_the_same_result(pretrained, tmp_path):
+    """Held-out pass@1 of one checkpoint: the same whether the engine is fresh or has evaluated
+    before, and for the other mid-training's (bit-equal) checkpoint."""
+    cfg = cfg_with(tmp_path, "--env.name", __name__)
+    env = from_config(cfg.env)
+    tasks = env.sample_tasks(8, cfg.orchestrator.heldout_seed, True)
+
+    def evaluate(engine):
+        result = heldout_pass1(engine, env, tasks, cfg.harness, 2, cfg.run.seed)
+        return {k: v for k, v in result.items() if k != "tokens_per_s"}
+
+    used = engine_of(pretrained[0], cfg)
+    first, again = evaluate(used), evaluate(used)
+    assert 0 < first["reward_mean"] < 1
+    assert first == again == evaluate(engine_of(pretrained[1], cfg))
+
+
+def engine_of(model_dir, cfg) -> Engine:
+    model = from_pretrained(model_dir, dtype=cfg.model.dtype)
+    return Engine(model, load_tokenizer(model_dir), cfg.engine)
 
 
 def learning_records(cfg, run_dir, init) -> list[dict]:

@@ -59,6 +59,7 @@ def cmd_train(args, rest) -> int:
         _print_config(cfg, TRAIN_DTYPES)
         return 0
     from tidal.pretrain.cache import cached_pretrained
+    from tidal.pretrain.loop import budget_bound
 
     print(dtype_line(cfg, TRAIN_DTYPES), flush=True)
     run_dir = Path(args.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
@@ -66,7 +67,8 @@ def cmd_train(args, rest) -> int:
     (run_dir / "config.toml").write_text(_config_toml(cfg, TRAIN_DTYPES, recipe=False))
     t0 = time.perf_counter()
     init = cfg.model.init_from or cached_pretrained(cfg, child_env=_pretrain_child_env())
-    info = {"init_checkpoint": str(init), "pretrain_s": time.perf_counter() - t0}
+    info = {"init_checkpoint": str(init), "pretrain_s": time.perf_counter() - t0,
+            "pretrain_budget_bound": budget_bound(init)}
     (run_dir / "run_info.json").write_text(json.dumps(info))
     return _rl(cfg, run_dir, info, resume=False, t0=t0)
 
@@ -115,6 +117,7 @@ def _rl(cfg, run_dir: Path, info: dict, resume: bool, t0: float) -> int:
     print(numerics_line(cfg), flush=True)
     summary = run_rl(cfg, run_dir, info["init_checkpoint"], resume=resume)
     summary.pretrain_s = info["pretrain_s"]
+    summary.pretrain_budget_bound = info.get("pretrain_budget_bound", False)
     summary.wall_s = None if resume else time.perf_counter() - t0  # t0: before mid-training
     summary.plot = str(plot_run(run_dir))
     summary.report = str(run_dir / "report.html")

@@ -144,6 +144,14 @@ def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool, rows=N
     return out_dir / MODEL_DIR
 
 
+def budget_bound(model_dir: str | Path) -> bool:
+    """Whether the mid-training that saved ``model_dir`` was bound by its time budget (so is not
+    reproducible): its metrics' last line says so. False for a model without such metrics."""
+    metrics = Path(model_dir).parent / METRICS_FILE
+    lines = metrics.read_text().splitlines() if metrics.is_file() else []
+    return bool(lines) and bool(json.loads(lines[-1]).get("budget_bound", False))
+
+
 # ---------------------------------------------------------------- steps
 
 
