@@ -94,8 +94,8 @@ def _set_environ(values: dict[str, str | None]) -> None:
             os.environ[k] = v
 
 
-def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool, rows=None,
-              thread_invariant: bool = True) -> Path:
+def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool, rows,
+              thread_invariant: bool) -> Path:
     pc: PretrainConfig = cfg.pretrain
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(cfg.model.init_from)
@@ -136,12 +136,17 @@ def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool, rows=N
                           threads=torch.get_num_threads(), budget_bound=budget_bound)
     bar.close()
     if budget_bound:
-        log.warning("mid-training reached its time budget (pretrain.time_budget_s = %g s) at step "
-                    "%d of %d: its learning rate followed the clock, so this model is not "
-                    "reproducible run to run", pc.time_budget_s, step, pc.max_steps)
+        _warn_budget_bound(pc, step)
     model.to(getattr(torch, cfg.model.dtype))
     save_pretrained(model, out_dir / MODEL_DIR, tokenizer=tokenizer)
     return out_dir / MODEL_DIR
+
+
+def _warn_budget_bound(pc: PretrainConfig, step: int) -> None:
+    log.warning("mid-training ran into the last %d%% of its time budget (pretrain.time_budget_s "
+                "= %g s; it stopped at step %d of %d): its learning rate followed the clock, so "
+                "this model is not reproducible run to run", 100 * BUDGET_COOLDOWN,
+                pc.time_budget_s, step, pc.max_steps)
 
 
 def budget_bound(model_dir: str | Path) -> bool:
