@@ -113,8 +113,8 @@ def learning_records(cfg, run_dir, init) -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     records = [{k: v for k, v in r.items() if k not in TIMING_KEYS}
                for r in map(json.loads, lines) if r["kind"] in ("step", "eval")]
-    return records + [{"kind": "summary", "before": summary["heldout_pass1_before"],
-                       "after": summary["heldout_pass1_after"]}]
+    return records + [{"kind": "summary", "before": summary.heldout_pass1_before,
+                       "after": summary.heldout_pass1_after}]
 
 
 def _first_difference(a: list, b: list) -> int:

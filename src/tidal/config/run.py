@@ -28,9 +28,10 @@ class RunConfig(Section):
     1, whichever runs steps faster, re-checked now and then (pretrain.loop.ThreadTuner). On a
     machine whose cores other processes also use, 1 is faster: an OpenMP parallel region waiting
     for a thread whose core is busy can make each step several times slower; on free cores all
-    of them are (~1.9x one thread on 2 cores). The choice does not change the result: mid-training
-    runs MKL in its strict reproducible mode, where a matmul's bits do not depend on the thread
-    count (tidal.numerics.mkl_cnr)."""
+    of them are (~1.9x one thread on 2 cores). The choice changes no bit of the result:
+    mid-training runs MKL in its strict reproducible mode, where a matmul's bits do not depend on
+    the thread count (tidal.numerics.mkl_cnr); where that mode cannot be had (MKL already ran in
+    the process, as when a script calls pretrain() after other work) the count stays fixed."""
 
 
 MOVED_KEYS = {
