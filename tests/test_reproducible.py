@@ -1,12 +1,14 @@
 """Reproducible runs: the same config and seed on the same machine give the same bits.
 
 Mid-training (the default environment's corpus) twice, each in its own spawned process (the
-path `tidal train` takes) with a different OpenMP wait policy and hash seed, with pretrain threads = 0 so the thread tuner switches between 1
-and all cores by timing: every logged loss and every weight must be equal. Then synchronous RL
-(max_staleness = 0) from that checkpoint, twice with two workers and once with one: every
-learning metric (rewards, losses, grad norms, entropy, held-out pass@1) must be equal; only
-timings may differ. The environment is defined here so that an untrained model earns varied
-rewards (nonzero advantages, so the trainer's gradients are part of what is compared).
+path `tidal train` takes) with a different OpenMP wait policy and hash seed, with
+run.pretrain_threads = 0 so the thread tuner switches between 1 and all cores by timing: every
+logged loss and every weight must be equal. Held-out evaluation of one checkpoint: the same on a
+fresh engine and on one that has evaluated before. Then synchronous RL (max_staleness = 0) from
+that checkpoint, twice with two workers and once with one: every learning metric (rewards,
+losses, grad norms, entropy, held-out pass@1) must be equal; only timings may differ. The RL
+environment is defined here so that a barely trained model earns varied rewards (nonzero
+advantages, so the trainer's gradients are part of what is compared).
 """
 
 import json
