@@ -18,7 +18,7 @@ import torch  # noqa: E402
 @pytest.fixture(autouse=True)
 def _one_torch_thread():
     """Per test, because the code under test may change the thread count (the RL driver sets
-    orchestrator.num_threads)."""
+    run.trainer_threads)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

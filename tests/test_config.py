@@ -49,6 +49,16 @@ def test_unknown_key_is_named(tmp_path):
         load_config(p)
 
 
+def test_a_moved_key_names_its_new_place(tmp_path):
+    with pytest.raises(ConfigError, match=r"'orchestrator.seed' moved to 'run.seed'.*--run.seed"):
+        load_config(None, ["--orchestrator.seed", "3"])
+    p = tmp_path / "old.toml"
+    p.write_text("[pretrain]\nnum_threads = 1\n")
+    with pytest.raises(ConfigError, match=r"'pretrain.num_threads' moved to 'run.pretrain_threads'"):
+        load_config(p)
+    assert load_config(None, ["--run.seed", "3", "--run.trainer_threads", "1"]).run.seed == 3
+
+
 def test_bad_values_and_cross_field():
     with pytest.raises(ConfigError, match="num_key_value_heads"):
         load_config(None, ["--model.num_key_value_heads", "4"])

@@ -235,6 +235,23 @@ def test_seeded_sampling_is_reproducible(dense):
     assert run(7) != run(8)
 
 
+def test_a_seeded_request_samples_the_same_alone_or_batched(dense):
+    """A seeded request draws from its own stream: the same tokens alone in a fresh engine as
+    batched with others in an engine that sampled before (so an RL episode's sample does not
+    depend on which worker ran it, or beside what)."""
+    def req(seed=11):
+        return GenerationRequest(PROMPTS[0], max_new_tokens=16, ignore_eos=True, seed=seed)
+
+    (alone,) = engine_for(dense, temperature=1.0).generate([req()])
+    busy = engine_for(dense, temperature=1.0, seed=3)
+    busy.generate([GenerationRequest(p, max_new_tokens=5, ignore_eos=True) for p in PROMPTS])
+    others = [GenerationRequest(p, max_new_tokens=16, ignore_eos=True) for p in PROMPTS[1:3]]
+    batched = busy.generate([*others, req()])[-1]
+    assert (alone.token_ids, alone.logprobs) == (batched.token_ids, batched.logprobs)
+    (reseeded,) = engine_for(dense, temperature=1.0).generate([req(seed=12)])
+    assert reseeded.token_ids != alone.token_ids
+
+
 def test_sample_nucleus_and_greedy_rows():
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     logits = probs.log().expand(3, 4).clone()
@@ -243,7 +260,7 @@ def test_sample_nucleus_and_greedy_rows():
     gen = torch.Generator().manual_seed(0)
     seen = [set(), set(), set()]
     for _ in range(200):
-        tokens, logprobs = sample(logits, temperature, top_p, gen)
+        tokens, logprobs = sample(logits, temperature, top_p, torch.rand(3, generator=gen))
         for row, t in enumerate(tokens.tolist()):
             seen[row].add(t)
         # full-distribution logprob, whatever the nucleus
@@ -251,16 +268,17 @@ def test_sample_nucleus_and_greedy_rows():
     assert seen == [{0, 1}, {0}, {0}]
     # the draw follows the distribution: 4000 rows at once, frequencies within ~4 sigma
     n = 4000
-    tokens, _ = sample(probs.log().expand(n, 4), torch.ones(n), torch.ones(n), gen)
+    tokens, _ = sample(probs.log().expand(n, 4), torch.ones(n), torch.ones(n), torch.rand(n, generator=gen))
     freq = torch.bincount(tokens, minlength=4) / n
     torch.testing.assert_close(freq, probs, atol=0.03, rtol=0)
     # the all-greedy shortcut is sample() at T = 0, tokens and logprobs alike
     scores = torch.randn(5, 11, generator=gen)
-    sampled = sample(scores, torch.zeros(5), torch.ones(5), gen)
+    sampled = sample(scores, torch.zeros(5), torch.ones(5), torch.rand(5, generator=gen))
     assert all(torch.equal(a, b) for a, b in zip(greedy(scores), sampled))
     # a token of zero probability is never drawn, even at the top of the CDF
     zero_tail = torch.tensor([[0.0, 1.0, -math.inf]]).expand(n, 3)
-    tokens, _ = sample(zero_tail, torch.ones(n), torch.ones(n), gen)
+    top = torch.nextafter(torch.ones(1), torch.zeros(1))  # the largest uniform below 1
+    tokens, _ = sample(zero_tail, torch.ones(n), torch.ones(n), torch.cat([torch.rand(n - 1, generator=gen), top]))
     assert set(tokens.tolist()) == {0, 1}
 
 

@@ -68,9 +68,9 @@ from tidal.section import Section
 if TYPE_CHECKING:
     from tidal.config import TidalConfig
 
-SEED_KEY = "orchestrator.seed"
+SEED_KEY = "run.seed"
 """The run's seed (model init, prompts), the one `tidal train` starts from."""
-THREADS_KEY = "orchestrator.worker_threads"
+THREADS_KEY = "run.worker_threads"
 """torch threads the engine runs with, as in a rollout worker (0 = torch's default)."""
 
 
@@ -248,7 +248,7 @@ def with_keys(cfg: TidalConfig, keys: dict[str, Any]) -> TidalConfig:
 
 def config_record(bench: Section, cfg: TidalConfig, reads: tuple[str, ...]) -> dict[str, Any]:
     """What a benchmark's JSON records of its configuration: ``{"bench": its section,
-    "model": {...}, "orchestrator.seed": 0, ...}`` (each read section or key, resolved)."""
+    "model": {...}, "run.seed": 0, ...}`` (each read section or key, resolved)."""
     out: dict[str, Any] = {"bench": bench.model_dump(mode="json")}
     for dotted in reads:
         value = lookup(cfg, dotted)

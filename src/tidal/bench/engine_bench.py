@@ -14,7 +14,7 @@ median of ``runs`` is reported. Only generated tokens count. ``greedy_match`` is
 of sequences whose tokens agree exactly; it is informational (float order differs, so
 near-ties may flip), not a pass/fail.
 
-Threads: both sides run with the same torch intra-op thread count, ``orchestrator.worker_threads``
+Threads: both sides run with the same torch intra-op thread count, ``run.worker_threads``
 (1 by default, as a rollout worker runs the engine). The tiny preset's matmuls take
 microseconds; with 2 OpenMP threads on this 2-core machine, shared with other jobs, a thread
 waiting for a descheduled sibling spin-waits and makes every op several times slower and the
@@ -67,8 +67,8 @@ class BenchSection(Section):
     """The engine takes the run config's engine.numerics, seed, max_prefill_tokens and
     prefix_cache; the rest is what a side-by-side greedy comparison needs: temperature 0, no stop
     strings, exactly new_tokens per sequence, one batch of each size. The model is [model] with
-    the run's seed (orchestrator.seed), in fp32 on both sides; torch threads for both:
-    orchestrator.worker_threads."""
+    the run's seed (run.seed), in fp32 on both sides; torch threads for both:
+    run.worker_threads."""
 
     preset: Literal[tuple(PRESETS)] = "tiny"
     """Named model size (tidal.model.presets) the [model] section starts from; model keys of the

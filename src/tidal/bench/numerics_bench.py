@@ -15,7 +15,7 @@ for MoE routing flips, with router replay (``required``) and without (``off``).
 Throughput: engine generated tokens/s per mode, timed over the same rounds; the modes alternate
 run by run (the machine is shared and noisy) and the median of ``runs`` is kept.
 ``throughput_ratio`` = deterministic tokens/s / fast tokens/s. torch threads:
-``orchestrator.worker_threads`` (1 by default; see engine_bench.py for why).
+``run.worker_threads`` (1 by default; see engine_bench.py for why).
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ class BenchSection(Section):
     temperature, top_p, sampler seed, prefill limit and prefix cache, with 64 batch slots and
     exactly new_tokens per sequence; the trainer computes in trainer.dtype (micro-batches of 32,
     router replay required and off). Models: the tiny and tiny-moe presets with the [model] keys
-    given on top, initialised with the run's seed (orchestrator.seed), which also draws the
-    prompts; torch threads: orchestrator.worker_threads."""
+    given on top, initialised with the run's seed (run.seed), which also draws the
+    prompts; torch threads: run.worker_threads."""
 
     rounds: IntList = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     """Batch sizes, one round each (each 1..64): by default 127 sequences; x 80 new tokens =

@@ -6,7 +6,7 @@
 
 The model is tidal's own (``build_model`` on the size's ``numerics-gpu-*`` preset, bf16, with the
 run config's [model] keys given on top, e.g. ``--model.num_hidden_layers 4``; the run's seed
-``orchestrator.seed``) and every call
+``run.seed``) and every call
 is the one the engine and the trainer make: ``model(ids, positions, cache, slots,
 deterministic=..., return_experts=True)`` to generate, ``model(ids, deterministic=...,
 replay_experts=...)`` to recompute. On CUDA tensors the fused forward runs the GPU op sets
@@ -81,7 +81,7 @@ READS = ("model", SEED_KEY)
 
 class BenchSection(Section):
     """The model is the size's numerics-gpu preset with the run config's [model] keys given on
-    top, initialised with the run's seed (orchestrator.seed), which also draws the prompts and
+    top, initialised with the run's seed (run.seed), which also draws the prompts and
     seeds the sampler; no other run-config section is read (the passes are the engine's and the
     trainer's model calls, made here directly). On the CPU, one torch thread."""
 

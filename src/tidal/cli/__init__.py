@@ -32,7 +32,7 @@ def set_openmp_wait_policy(command: str) -> bool:
     Why: on 2 Intel cores (a VM) waking a sleeping OpenMP thread costs so much per parallel
     region that a PASSIVE mid-training step with 2 threads took 370-650 ms against 330 ms with
     OpenMP's default (1 thread: ~610 ms), while on cores shared with other busy processes the
-    spinning policy made 2-thread steps several times slower (hence pretrain.num_threads = 0
+    spinning policy made 2-thread steps several times slower (hence run.pretrain_threads = 0
     measures both 1 thread and all of them, and keeps the faster)."""
     if "OMP_WAIT_POLICY" in os.environ:
         return False

@@ -59,6 +59,7 @@ def cmd_train(args, rest) -> int:
         _print_config(cfg, TRAIN_DTYPES)
         return 0
     from tidal.pretrain.cache import cached_pretrained
+    from tidal.pretrain.loop import budget_bound
 
     print(dtype_line(cfg, TRAIN_DTYPES), flush=True)
     run_dir = Path(args.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
@@ -66,18 +67,21 @@ def cmd_train(args, rest) -> int:
     (run_dir / "config.toml").write_text(_config_toml(cfg, TRAIN_DTYPES, recipe=False))
     t0 = time.perf_counter()
     init = cfg.model.init_from or cached_pretrained(cfg, child_env=_pretrain_child_env())
-    info = {"init_checkpoint": str(init), "pretrain_s": time.perf_counter() - t0}
+    info = {"init_checkpoint": str(init), "pretrain_s": time.perf_counter() - t0,
+            "pretrain_budget_bound": budget_bound(init)}
     (run_dir / "run_info.json").write_text(json.dumps(info))
     return _rl(cfg, run_dir, info, resume=False, t0=t0)
 
 
-def _pretrain_child_env() -> dict | None:
-    """Mid-training has the cores to itself (Ray and the sandboxes start after it), so when this
-    process runs with tidal's default OMP_WAIT_POLICY=PASSIVE (right for the RL phase) it
-    mid-trains in a child process without it (see tidal.cli.set_openmp_wait_policy)."""
+def _pretrain_child_env() -> dict:
+    """Mid-training runs in a child process: MKL's strict reproducible mode (which it turns on,
+    numerics/mkl_cnr.py) then stays out of the RL phase, where it would slow one-row matmuls;
+    and it has the cores to itself (Ray and the sandboxes start after it), so when this process
+    runs with tidal's default OMP_WAIT_POLICY=PASSIVE (right for the RL phase) the child runs
+    without it (see tidal.cli.set_openmp_wait_policy)."""
     import tidal.cli
 
-    return {"OMP_WAIT_POLICY": None} if tidal.cli.PASSIVE_BY_DEFAULT else None
+    return {"OMP_WAIT_POLICY": None} if tidal.cli.PASSIVE_BY_DEFAULT else {}
 
 
 def _resume(args, rest) -> int:
@@ -113,6 +117,7 @@ def _rl(cfg, run_dir: Path, info: dict, resume: bool, t0: float) -> int:
     print(numerics_line(cfg), flush=True)
     summary = run_rl(cfg, run_dir, info["init_checkpoint"], resume=resume)
     summary.pretrain_s = info["pretrain_s"]
+    summary.pretrain_budget_bound = info.get("pretrain_budget_bound", False)
     summary.wall_s = None if resume else time.perf_counter() - t0  # t0: before mid-training
     summary.plot = str(plot_run(run_dir))
     summary.report = str(run_dir / "report.html")
@@ -173,7 +178,7 @@ def cmd_eval(args, rest) -> int:
     model = from_pretrained(args.checkpoint, dtype=getattr(torch, cfg.model.dtype))
     engine = Engine(model, load_tokenizer(args.checkpoint), cfg.engine)
     tasks = env.sample_tasks(args.tasks or oc.heldout_tasks, oc.heldout_seed, True)
-    result = heldout_pass1(engine, env, tasks, cfg.harness, oc.eval_samples_per_task)
+    result = heldout_pass1(engine, env, tasks, cfg.harness, oc.eval_samples_per_task, cfg.run.seed)
     result["checkpoint"] = str(args.checkpoint)
     print(json.dumps(result, indent=2))
     return 0

@@ -2,8 +2,9 @@
 
     cfg = load_config("recipe.toml", ["--trainer.lr", "1e-6"])
 
-Each component owns its section's class and defaults (tidal/<component>/config.py); this module
-only assembles them and checks the fields that span sections.
+Each component owns its section's class and defaults (tidal/<component>/config.py); the run-wide
+settings (seed, thread counts) are the ``[run]`` section (config/run.py). This module only
+assembles them and checks the fields that span sections.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pydantic import Field, model_validator
 
 from tidal.section import Section
 from tidal.config.loader import ConfigError, load_config, parse_overrides
+from tidal.config.run import RunConfig
 from tidal.engine.config import EngineConfig
 from tidal.harness.config import HarnessConfig
 from tidal.model.config import ModelConfig
@@ -23,6 +25,7 @@ from tidal.trainer.config import TrainerConfig
 
 
 class TidalConfig(Section):
+    run: RunConfig = Field(default_factory=RunConfig)
     # Factories, not instances: each config resolves its "auto" dtypes when it is built.
     model: ModelConfig = Field(default_factory=ModelConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from tidal.config.run import MOVED_KEYS
 from tidal.errors import UserError
 
 if TYPE_CHECKING:
@@ -70,7 +71,11 @@ def _explain(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"]) or "(config)"
-        if e["type"] == "extra_forbidden":
+        if e["type"] == "extra_forbidden" and where in MOVED_KEYS:
+            new = MOVED_KEYS[where]
+            lines.append(f"config key '{where}' moved to '{new}': write it as [{new.split('.')[0]}] "
+                         f"{new.split('.', 1)[1]} = ... in a recipe, or --{new} on the command line")
+        elif e["type"] == "extra_forbidden":
             lines.append(f"unknown config key '{where}': remove it or check its spelling")
         else:
             lines.append(f"{where}: {e['msg'].removeprefix('Value error, ')}")

@@ -21,7 +21,9 @@ class EngineConfig(Section):
     stop: list[str] = ["\n\n"]
     """Stop strings: generation ends once the decoded completion contains one (kept in output)."""
     seed: int = 0
-    """Seed of the sampler's random generator."""
+    """Seed of the engine's generator, which seeds the requests that carry no seed of their own
+    (GenerationRequest.seed). RL rollouts and held-out evaluation carry their own, derived from
+    run.seed, so in `tidal train` this one plays no part."""
     max_prefill_tokens: int = Field(8192, ge=1)
     """Padded tokens (requests x longest prompt) per prefill forward; bounds the activation and
     logits memory of admitting many requests at once. A single longer prompt still runs alone."""

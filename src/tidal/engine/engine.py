@@ -19,7 +19,8 @@ are plain slices: the model reads each layer's cached keys/values as a view inst
 bookkeeping indexes with slices. A move copies one slot's cache rows once, not every step.
 
 Per-slot state lives in preallocated tensors ([slots, max_seq_len] tokens, logprobs, versions,
-experts) so a decode step does a handful of batched tensor ops and no per-token Python work,
+experts, and each request's random stream: the token at position p samples with its p-th number,
+so a request's draws are its own, whatever it is batched with) so a decode step does a handful of batched tensor ops and no per-token Python work,
 except decoding the tail of sequences that have stop strings.
 
 Prefix cache (``prefix_cache``): a finished request's slot keeps its keys/values ("parked").
@@ -194,6 +195,8 @@ class Engine:
             limit=min(prompt_len + max_new, cfg.max_seq_len),
             temperature=req.temperature if req.temperature is not None else cfg.temperature,
             top_p=req.top_p if req.top_p is not None else cfg.top_p,
+            seed=req.seed if req.seed is not None else int(torch.randint(
+                2**62, (1,), generator=self._generator, device=self.device)),
         )
 
     def _prefill(self, slots: range) -> list[GenerationResult]:
@@ -233,11 +236,12 @@ class Engine:
     ) -> list[GenerationResult]:
         """Sample one token per row from logits [B, V] (experts [B, layers, k]: where the router
         went at that position), append it to each slot's sequence; retire those that finished."""
+        at = batch.length.unsqueeze(1)  # [B, 1] where each new token goes
         if batch.all_greedy:
             tokens, logprobs = greedy(logits)
         else:
-            tokens, logprobs = sample(logits, batch.temperature, batch.top_p, self._generator)
-        at = batch.length.unsqueeze(1)  # [B, 1] where each new token goes
+            uniforms = batch.uniforms.gather(1, at).squeeze(1)
+            tokens, logprobs = sample(logits, batch.temperature, batch.top_p, uniforms)
         batch.tokens.scatter_(1, at, tokens.unsqueeze(1))
         batch.logprobs.scatter_(1, at, logprobs.unsqueeze(1))
         batch.versions.scatter_(1, at, self._version)

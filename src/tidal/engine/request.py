@@ -26,6 +26,12 @@ class GenerationRequest:
     ignore_eos: keep generating past the end-of-sequence token (benchmarks use it to force a
         fixed length); eos is then an ordinary token.
     tag: any caller payload, handed back untouched on the result.
+    seed: the request's own random stream (``sampling.request_stream``): the token sampled at
+        position p of its sequence draws the stream's p-th number, so what it samples depends on
+        its prompt, weights and seed only, not on the batch it ran in, what the engine ran
+        before, or which worker ran it (with batch-invariant numerics: engine.numerics =
+        "deterministic"). None = a seed drawn from the engine's generator (engine.seed) when
+        the request is admitted, so unseeded requests depend on their order.
     """
 
     prompt_ids: list[int]
@@ -35,6 +41,7 @@ class GenerationRequest:
     stop: list[str] | None = None
     ignore_eos: bool = False
     tag: Any = None
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.prompt_ids) == 0:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from tidal.engine.request import GenerationRequest
+from tidal.engine.sampling import request_stream
 from tidal.model.kv_cache import KVCache
 
 
@@ -29,6 +30,8 @@ class RunningSequence:
     limit: int  # sequence length at which the slot stops ("length")
     temperature: float
     top_p: float
+    seed: int
+    """The seed of the request's random stream (GenerationRequest.seed, or drawn by the engine)."""
     cached: int = 0
     """Prompt tokens whose keys/values a parked slot already held (not prefilled)."""
 
@@ -54,6 +57,7 @@ class Batch:
     temperature: torch.Tensor  # [B]
     all_greedy: bool  # every row has temperature 0: argmax, no sampling machinery
     top_p: torch.Tensor  # [B]
+    uniforms: torch.Tensor  # [B, max_seq_len] view: each request's random stream, by position
     limit: torch.Tensor  # [B] sequence length at which the slot stops ("length")
     stop_on_eos: torch.Tensor | None  # [B] bool; None when no row stops on eos
     stop_rows: list[int]  # rows (indices into slots) of sequences with stop strings
@@ -74,6 +78,7 @@ class SlotState:
         self.tokens = zeros(slots, length)  # prompt + completion of each slot's sequence
         self.logprobs = zeros(slots, length, dtype=torch.float32)  # at completion positions
         self.versions = zeros(slots, length)
+        self.uniforms = zeros(slots, length, dtype=torch.float32)  # each request's own stream
         self.experts = (
             zeros(slots, length, model_cfg.num_hidden_layers, model_cfg.num_experts_per_tok,
                   dtype=torch.int32)
@@ -96,6 +101,8 @@ class SlotState:
         self.limit[rows] = torch.tensor([seq.limit for seq in seqs])
         self.temperature[rows] = torch.tensor([seq.temperature for seq in seqs])
         self.top_p[rows] = torch.tensor([seq.top_p for seq in seqs])
+        streams = [request_stream(seq.seed, self.uniforms.shape[1]) for seq in seqs]
+        self.uniforms[rows] = torch.stack(streams).to(self.device)
         self.stop_on_eos[rows] = torch.tensor([seq.stop_on_eos for seq in seqs])
 
     def batch(self, slots: range, seqs: list[RunningSequence]) -> Batch:
@@ -110,6 +117,7 @@ class SlotState:
             temperature=self.temperature[rows],
             all_greedy=all(seq.greedy for seq in seqs),
             top_p=self.top_p[rows],
+            uniforms=self.uniforms[rows],
             limit=self.limit[rows],
             stop_on_eos=self.stop_on_eos[rows] if any(seq.stop_on_eos for seq in seqs) else None,
             stop_rows=[i for i, seq in enumerate(seqs) if seq.stop],
@@ -117,8 +125,8 @@ class SlotState:
 
     def tensors(self) -> list[torch.Tensor]:
         """Every per-slot tensor (rows indexed by slot)."""
-        state = [self.tokens, self.logprobs, self.versions, self.length, self.limit,
-                 self.temperature, self.top_p, self.stop_on_eos]
+        state = [self.tokens, self.logprobs, self.versions, self.uniforms, self.length,
+                 self.limit, self.temperature, self.top_p, self.stop_on_eos]
         return state + ([self.experts] if self.experts is not None else [])
 
     def move(self, src: list[int], dst: list[int]) -> None:

@@ -31,6 +31,7 @@ from tidal.engine.request import GenerationRequest
 from tidal.env.base import Environment, StepResult
 from tidal.env.toolcall import OBS_CLOSE, OBS_OPEN
 from tidal.harness.config import HarnessConfig
+from tidal.harness.seeds import derive_seed
 from tidal.harness.segments import SegmentBuilder
 from tidal.types import EpisodeStats, Segment
 
@@ -86,12 +87,14 @@ class Episode:
     """Runs one environment on one task through an EngineClient; see the module docstring."""
 
     def __init__(self, env: Environment, client, tokenizer, cfg: HarnessConfig, window: int,
-                 max_turn_tokens: int, no_experts: list[list[int]] | None = None, index: int = 0):
+                 max_turn_tokens: int, no_experts: list[list[int]] | None = None, index: int = 0,
+                 seed: int | None = None):
         """client: anything with ``async generate(GenerationRequest) -> GenerationResult`` (an
         EngineClient, or a scripted policy); every request's tag is ``(index, "turn")`` or
-        ``(index, "summary")``. no_experts: see SegmentBuilder (None for dense models)."""
+        ``(index, "summary")``. no_experts: see SegmentBuilder (None for dense models).
+        seed: the episode's; its k-th request is seeded derive_seed(seed, k) (None: unseeded)."""
         self.env, self.client, self.tok, self.cfg = env, client, tokenizer, cfg
-        self.index = index
+        self.index, self.seed, self.requests = index, seed, 0
         self.window, self.max_turn_tokens, self.no_experts = window, max_turn_tokens, no_experts
         self.obs_open, self.obs_close = tokenizer.encode(OBS_OPEN), tokenizer.encode(OBS_CLOSE)
         self.summary_open = tokenizer.encode(SUMMARY_OPEN)
@@ -168,9 +171,11 @@ class Episode:
 
     async def _generate(self, max_new: int, stop: list[str] | None, kind: str):
         max_new = min(max_new, self._tokens_left())
+        seed = None if self.seed is None else derive_seed(self.seed, self.requests)
+        self.requests += 1
         result = await self.client.generate(GenerationRequest(
             prompt_ids=self.seg.context(), max_new_tokens=max_new, stop=stop,
-            tag=(self.index, kind)))
+            tag=(self.index, kind), seed=seed))
         self.result.model_tokens += len(result.token_ids)
         return result
 

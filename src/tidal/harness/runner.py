@@ -20,6 +20,7 @@ from tidal.errors import UserError
 from tidal.harness.config import HarnessConfig
 from tidal.harness.engine_client import EngineClient
 from tidal.harness.episode import PROMPT_TOO_LONG, Episode, EpisodeResult
+from tidal.harness.seeds import derive_seed
 from tidal.types import Trajectory
 
 
@@ -35,20 +36,24 @@ class RolloutStats:
 
 def run_episodes(engine, spec: EnvironmentSpec, tasks: list[Any], cfg: HarnessConfig,
                  samples_per_task: int = 1, group_ids: list[int] | None = None,
-                 before_step=None, client=None) -> tuple[list[Trajectory], RolloutStats]:
+                 before_step=None, client=None,
+                 seed: int | None = None) -> tuple[list[Trajectory], RolloutStats]:
     """``samples_per_task`` episodes per task; task i's episodes form GRPO group
     ``group_ids[i]`` (default i). ``before_step()`` runs before every engine step (in-flight
     weight updates). Trajectories come back task by task, sample by sample: episode
     ``i * samples_per_task + j`` is sample j of task i (its requests are tagged with that index).
+    ``seed``: sample j of group g samples from seeds derived from (seed, g, j) (harness.seeds),
+    so it does not matter which tasks share the call; None = the engine's own generator.
 
     client: None = generate with ``engine``; else anything with ``async generate(request)``
     (a scripted policy), and ``engine`` only supplies tokenizer, cfg and is_moe."""
     return asyncio.run(run_episodes_async(engine, spec, tasks, cfg, samples_per_task, group_ids,
-                                          before_step, client))
+                                          before_step, client, seed))
 
 
 async def run_episodes_async(engine, spec, tasks, cfg, samples_per_task=1, group_ids=None,
-                             before_step=None, client=None) -> tuple[list[Trajectory], RolloutStats]:
+                             before_step=None, client=None,
+                             seed=None) -> tuple[list[Trajectory], RolloutStats]:
     group_ids = group_ids if group_ids is not None else list(range(len(tasks)))
     window = context_window(cfg, engine.cfg)
     max_turn = cfg.max_turn_tokens or engine.cfg.max_new_tokens
@@ -57,9 +62,11 @@ async def run_episodes_async(engine, spec, tasks, cfg, samples_per_task=1, group
     limit = asyncio.Semaphore(cfg.max_concurrent_episodes or len(tasks) * samples_per_task or 1)
 
     async def one(index: int, task) -> EpisodeResult:
+        group, sample = group_ids[index // samples_per_task], index % samples_per_task
+        episode_seed = None if seed is None else derive_seed(seed, group, sample)
         async with limit:
             episode = Episode(spec.make(), client or engine_client, engine.tokenizer, cfg, window,
-                              max_turn, no_experts, index)
+                              max_turn, no_experts, index, episode_seed)
             return await episode.run(task)
 
     start = time.perf_counter()

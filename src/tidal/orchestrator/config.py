@@ -1,4 +1,5 @@
-"""The RL loop: how many steps, how many tasks and samples per step, when to evaluate."""
+"""The RL loop: how many steps, how many tasks and samples per step, when to evaluate (the seed and
+thread counts are run-wide: config/run.py)."""
 
 from typing import Literal
 
@@ -8,8 +9,6 @@ from tidal.section import Section
 
 
 class OrchestratorConfig(Section):
-    seed: int = 0
-    """Seed for task sampling, model init and sampling."""
     steps: int = Field(200, ge=0)
     """RL trainer steps."""
     time_budget_s: float = Field(360.0, gt=0)
@@ -28,9 +27,6 @@ class OrchestratorConfig(Section):
     """Measure held-out pass@1 every this many steps (0 = only before and after)."""
     checkpoint_every: int = Field(50, ge=0)
     """Save a resumable checkpoint every this many steps (0 = only at the end)."""
-    num_threads: int = Field(2, ge=0)
-    """torch CPU threads of the trainer process; 0 = torch's default (one per core). Measured on
-    2 cores with 2 one-thread workers: 2 threads gave 2.1 s/step against 2.8 s/step with 1."""
     max_staleness: int = Field(1, ge=0)
     """Largest trainer version minus the oldest token version allowed in a trained batch. Workers
     generate step s once the trainer reaches version s - max_staleness; 0 = synchronous mode
@@ -50,5 +46,3 @@ class OrchestratorConfig(Section):
     """CPUs a local Ray instance may schedule (ignored when joining RAY_ADDRESS)."""
     cpus_per_worker: float = Field(0.5, gt=0)
     """Ray CPUs reserved per rollout worker actor."""
-    worker_threads: int = Field(1, ge=0)
-    """torch CPU threads in each rollout worker; 0 = torch's default."""

@@ -16,16 +16,22 @@ from dataclasses import asdict
 from typing import Any
 
 from tidal.harness import HarnessConfig, run_episodes
+from tidal.harness.seeds import derive_seed
 
 
 def heldout_pass1(engine, env, tasks: list[Any], harness_cfg: HarnessConfig,
-                  samples_per_task: int = 2, client=None) -> dict:
+                  samples_per_task: int = 2, run_seed: int | None = None, client=None) -> dict:
     """``env``: the EnvironmentSpec; pass1_by_level groups by ``Trajectory.level`` where the
-    environment reports one. ``client``: a scripted policy in place of the engine's sampling
-    (see run_episodes; ``engine`` then supplies only its tokenizer and settings), graded alike."""
+    environment reports one. ``run_seed``: run.seed; every evaluation of a run then samples with
+    the same random numbers (harness.seeds), so the same weights give the same pass@1 bit for
+    bit and two checkpoints differ by their weights only. None = the engine's generator.
+    ``client``: a scripted policy in place of the engine's sampling (see run_episodes; ``engine``
+    then supplies only its tokenizer and settings), graded alike."""
     from tidal.orchestrator.records import EpisodeMeans
 
-    trajs, stats = run_episodes(engine, env, tasks, harness_cfg, samples_per_task, client=client)
+    seed = None if run_seed is None else derive_seed(run_seed, "heldout")
+    trajs, stats = run_episodes(engine, env, tasks, harness_cfg, samples_per_task, seed=seed,
+                                client=client)
     solved = [float(t.solved) for t in trajs]
     by_level: dict[int, list[float]] = {}
     for t, ok in zip(trajs, solved):

@@ -69,7 +69,7 @@ from tidal.types import Batch, Trajectory
 def training_tasks(cfg: TidalConfig, env: EnvironmentSpec, step: int) -> list:
     """The tasks of step ``step``: a pure function of (seed, step), so a resumed run continues."""
     return env.sample_tasks(cfg.orchestrator.tasks_per_step,
-                            cfg.orchestrator.seed * 1_000_003 + step, False)
+                            cfg.run.seed * 1_000_003 + step, False)
 
 
 def plan_step(cfg: TidalConfig, env: EnvironmentSpec, step: int, first_id: int) -> list[Assignment]:
@@ -149,9 +149,9 @@ class Run:
         self.cfg, self.run_dir, self.progress = cfg, run_dir, progress
         self.init_checkpoint = str(init_checkpoint)
         oc = cfg.orchestrator
-        torch.manual_seed(oc.seed)
-        if oc.num_threads:
-            torch.set_num_threads(oc.num_threads)
+        torch.manual_seed(cfg.run.seed)
+        if cfg.run.trainer_threads:
+            torch.set_num_threads(cfg.run.trainer_threads)
         policy = from_pretrained(init_checkpoint, dtype=torch.float32)
         self.trainer = Trainer(policy, cfg.trainer, temperature=cfg.engine.temperature,
                                numerics=cfg.engine.numerics)
@@ -207,7 +207,7 @@ class Run:
     def evaluate(self, label: str) -> EvalRecord:
         self.eval_engine.load_weights(self.trainer.model, self.trainer.version)
         result = heldout_pass1(self.eval_engine, self.env, self.heldout, self.cfg.harness,
-                               self.cfg.orchestrator.eval_samples_per_task)
+                               self.cfg.orchestrator.eval_samples_per_task, self.cfg.run.seed)
         record = EvalRecord(label=label, step=self.state.step, version=self.trainer.version,
                             wall_s=self.state.rl_wall_s, heldout_pass1=result["pass1"],
                             pass1_by_level=result["pass1_by_level"], reasons=result["reasons"],
@@ -296,10 +296,12 @@ class Run:
             self.save()
 
     def _train_step(self, step_results: list[RolloutResult]) -> StepRecord:
-        """Gate, train and publish one step (its results ordered by assignment id); log its record."""
+        """Gate, train and publish one step; log its record. Its trajectories are ordered by group
+        (task index in the step), then sample, so the batch does not depend on which workers ran
+        them."""
         oc = self.cfg.orchestrator
         t0 = time.perf_counter()
-        trajs = [t for r in step_results for t in r.trajectories]
+        trajs = sorted((t for r in step_results for t in r.trajectories), key=lambda t: t.group_id)
         trajs, hist = staleness_gate(trajs, self.trainer.version, oc.max_staleness, self.state, oc.keep_stale)
         trajs = complete_groups(trajs, oc.group_size)
         trained = [t for t in trajs if t.segments]  # skipped episodes: counted, never trained

@@ -212,7 +212,7 @@ class WorkerFailure:
 @dataclass
 class RunSummary:
     """summary.json: a run's result. ``run_rl`` fills the run's fields; ``tidal train`` adds the
-    last four (None otherwise; wall_s also None for a resumed run, whose start is unknown)."""
+    last five (None otherwise; wall_s also None for a resumed run, whose start is unknown)."""
 
     heldout_pass1_before: float
     """Held-out pass@1 before RL."""
@@ -268,6 +268,9 @@ class RunSummary:
     """Path of the reward plot (reward.png); set by ``tidal train``."""
     report: str | None = None
     """Path of the HTML report (report.html); set by ``tidal train``."""
+    pretrain_budget_bound: bool | None = None
+    """Whether mid-training ran into the end of its time budget, so its LR followed the clock and
+    the model is not reproducible run to run (pretrain.loop.budget_bound); set by ``tidal train``."""
 
     def to_json(self) -> dict[str, Any]:
         return _plain(self)

@@ -29,6 +29,8 @@ def print_summary(summary: RunSummary, path: Path) -> None:
         ("RL wall (s)", f"{s.rl_wall_s:.0f}"),
         ("total wall (s)", "n/a (resumed)" if s.wall_s is None else f"{s.wall_s:.0f}"),
     ]
+    if s.pretrain_budget_bound:
+        rows.append(("mid-training", "cut by its time budget: not reproducible"))
     for k, v in rows:
         table.add_row(k, v)
     Console().print(table)

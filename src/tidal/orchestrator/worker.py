@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from tidal.harness import run_episodes
+from tidal.harness.seeds import derive_seed
 from tidal.types import Trajectory
 
 
@@ -61,8 +62,8 @@ class RolloutWorker:
         from tidal.orchestrator.weights import open_weight_source
         from tidal.sandbox import Sandbox
 
-        if cfg.orchestrator.worker_threads:
-            torch.set_num_threads(cfg.orchestrator.worker_threads)
+        if cfg.run.worker_threads:
+            torch.set_num_threads(cfg.run.worker_threads)
         self.cfg = cfg
         self.worker_id = worker_id
         self.dtype = getattr(torch, cfg.model.dtype)
@@ -78,7 +79,8 @@ class RolloutWorker:
         reload = (lambda: self._maybe_reload(spans)) if self.in_flight_updates else None
         t0 = time.time()
         trajs, stats = run_episodes(self.engine, self.env, assignment.tasks, self.cfg.harness,
-                                    self.cfg.orchestrator.group_size, assignment.group_ids, reload)
+                                    self.cfg.orchestrator.group_size, assignment.group_ids, reload,
+                                    seed=derive_seed(self.cfg.run.seed, "rollout", assignment.step))
         spans.append(Span(self.worker_id, "busy", t0, time.time()))
         return RolloutResult(assignment.assignment_id, assignment.step, self.worker_id, trajs,
                              stats.generated_tokens, stats.generate_s, stats.grade_s, spans)

@@ -65,7 +65,7 @@ def _hashed(cfg) -> dict:
         "pretrain": cfg.pretrain.model_dump(mode="json", exclude=NOT_HASHED["pretrain"] | unused),
         "corpus": ({"files": [_file_identity(p) for p in cfg.pretrain.corpus]} if files
                    else {"environment": environment_identity(cfg.env)}),
-        "seed": cfg.orchestrator.seed,
+        "seed": cfg.run.seed,
         "tidal_version": tidal.__version__,
     }
 

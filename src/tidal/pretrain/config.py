@@ -25,13 +25,18 @@ class PretrainConfig(Section):
     """Optimizer steps (the run stops at whichever of max_steps / time_budget_s comes first).
     The default recipe stops on steps, so a machine shared with other work gets the same model,
     only later: 1200 steps take ~300 s on 2 free cores of an AMD EPYC in bf16 and 437 s on an
-    Intel Xeon without native bf16 in fp32 (two fresh clones of the default recipe: held-out
-    pass@1 0.307 and 0.039 before RL: mid-training is not yet reproducible run to run); a time budget of 300 s gave a loaded machine 808 steps and a model
-    with held-out pass@1 0.04 instead of ~0.38."""
+    Intel Xeon without native bf16 in fp32. A run that ends on steps is reproducible bit for bit
+    (same config, seed and machine: the same losses and weights; before that was so, two fresh
+    clones of the default recipe reached held-out pass@1 0.307 and 0.039 before RL); a time
+    budget of 300 s gave a loaded machine 808 steps and a model with held-out pass@1 0.04
+    instead of ~0.38."""
     time_budget_s: float = Field(900.0, gt=0)
     """Wall-clock budget of the training steps, seconds: a safety net (building the corpus and
-    saving are outside it). The cosine decay follows whichever of step fraction and time
-    fraction is further along, so a time-limited run still ends at the low learning rate."""
+    saving are outside it). The learning rate is a function of the step alone until the last
+    10% of the budget (loop.BUDGET_COOLDOWN); a run still going then anneals against the clock,
+    so one cut by its budget still ends at the low learning rate. Such a run depends on the
+    machine's speed and is not reproducible: its metrics say ``budget_bound`` and a warning is
+    logged."""
     weight_decay: float = Field(0.1, ge=0)
     """AdamW weight decay, applied to matrices (embeddings, projections) only, not norms."""
     dtype: DtypeName = "auto"
@@ -39,12 +44,6 @@ class PretrainConfig(Section):
     "auto" = bfloat16 where this CPU computes bf16 natively (avx512_bf16 or AMX), where it nearly
     halves step time, else float32: on a CPU that emulates bf16 (an Intel Xeon without
     avx512_bf16/AMX) a bf16 matmul is ~4x slower than fp32."""
-    num_threads: int = Field(0, ge=0)
-    """CPU threads for pretraining (torch.set_num_threads) while it runs; 0 = measured: torch's
-    default (one per core) or 1, whichever runs steps faster, re-checked now and then
-    (loop.ThreadTuner). On a machine whose cores other processes also use, 1 is faster: an
-    OpenMP parallel region waiting for a thread whose core is busy can make each step several
-    times slower; on free cores all of them are (~1.9x one thread on 2 cores)."""
     grad_clip: float = Field(1.0, gt=0)
     """Clip the global gradient norm to this value."""
     log_every: int = Field(10, ge=1)

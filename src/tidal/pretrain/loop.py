@@ -10,9 +10,12 @@ trained on, a harness-written block such as a summary request would be generated
 where its own turn begins).
 
 Stops at ``max_steps`` or ``time_budget_s``, whichever comes first. The learning rate warms up
-linearly over ``warmup_steps`` then follows a cosine from ``lr`` down to 10% of it; the cosine's
-progress is the larger of the step fraction and the elapsed-time fraction, so a run cut short by
-its time budget still anneals and ends at the low learning rate instead of stopping mid-peak.
+linearly over ``warmup_steps`` then follows a cosine from ``lr`` down to 10% of it over the steps;
+only in the last BUDGET_COOLDOWN of the time budget does the clock move it (see ``lr_at``).
+
+Reproducible: same config, seed and machine give the same losses and weights bit for bit,
+whichever thread counts the tuner picks (MKL runs in strict CNR mode: numerics/mkl_cnr.py),
+unless the time budget binds (the LR then depends on the clock: ``budget_bound`` in the metrics).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+import logging
 import math
 import multiprocessing
 import os
@@ -32,13 +36,19 @@ import torch
 import torch.nn.functional as F
 
 from tidal.model import build_model, from_pretrained, load_tokenizer, save_pretrained
+from tidal.numerics import mkl_cnr
 from tidal.pretrain.config import PretrainConfig
 from tidal.pretrain.corpus import load_corpus, pack
 from tidal.telemetry.progress import progress_bar
 
+log = logging.getLogger(__name__)
+
 METRICS_FILE = "pretrain_metrics.jsonl"
 MODEL_DIR = "model"
 FINAL_LR_FRACTION = 0.1
+BUDGET_COOLDOWN = 0.1
+"""The last fraction of pretrain.time_budget_s in which a run that has not finished its steps
+anneals against the clock (so a run cut by its budget ends at the low learning rate)."""
 
 
 def pretrain(cfg, out_dir: str | Path, docs: list[str] | None = None, progress: bool = True,
@@ -47,8 +57,9 @@ def pretrain(cfg, out_dir: str | Path, docs: list[str] | None = None, progress: 
     ``out_dir/model`` (a Hugging Face folder with the tokenizer, written atomically).
     ``rows``: (ids [N, seq_len] long, loss_mask [N, seq_len] float, 1 = train on predicting
     this token) instead of packed documents."""
-    with torch_threads(cfg.pretrain.num_threads):
-        return _pretrain(cfg, Path(out_dir), docs, progress, rows)
+    strict = mkl_cnr.enable_strict()  # first: MKL fixes its mode at its first call
+    with torch_threads(cfg.run.pretrain_threads):
+        return _pretrain(cfg, Path(out_dir), docs, progress, rows, thread_invariant=strict)
 
 
 def pretrain_in_child(cfg, out_dir: str | Path, env: dict[str, str | None],
@@ -83,7 +94,8 @@ def _set_environ(values: dict[str, str | None]) -> None:
             os.environ[k] = v
 
 
-def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool, rows=None) -> Path:
+def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool, rows,
+              thread_invariant: bool) -> Path:
     pc: PretrainConfig = cfg.pretrain
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(cfg.model.init_from)
@@ -93,15 +105,16 @@ def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool, rows=N
     ids, mask = rows
     model = initial_model(cfg)
     optimizer = make_optimizer(model, pc)
-    batches = shuffled_batches(torch.arange(len(ids)), pc.batch_size, cfg.orchestrator.seed)
+    batches = shuffled_batches(torch.arange(len(ids)), pc.batch_size, cfg.run.seed)
     tokens = 0  # predicted positions run so far (rows x (width - 1))
-    log = MetricsLog(out_dir / METRICS_FILE)
+    metrics = MetricsLog(out_dir / METRICS_FILE)
     bar = progress_bar(pc.max_steps, "pretrain", progress)
-    tuner = ThreadTuner([torch.get_num_threads(), 1]) if pc.num_threads == 0 else None
+    tuner = thread_tuner(cfg.run.pretrain_threads, thread_invariant)
     start = time.perf_counter()
-    step, elapsed = 0, 0.0
+    step, elapsed, budget_bound = 0, 0.0, False
     while step < pc.max_steps and elapsed < pc.time_budget_s:
         lr = lr_at(pc, step, elapsed)
+        budget_bound = budget_bound or lr != lr_at(pc, step, 0.0)
         index = next(batches)
         batch_ids, batch_mask = trim_batch(ids[index], mask[index])
         if tuner:
@@ -117,13 +130,31 @@ def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool, rows=N
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
         done = step >= pc.max_steps or elapsed >= pc.time_budget_s
+        budget_bound = budget_bound or step < pc.max_steps and done  # stopped by the clock
         if step % pc.log_every == 0 or done:
-            log.write(step=step, loss=loss, lr=lr, tokens_per_s=tok_s, elapsed_s=elapsed,
-                      threads=torch.get_num_threads())
+            metrics.write(step=step, loss=loss, lr=lr, tokens_per_s=tok_s, elapsed_s=elapsed,
+                          threads=torch.get_num_threads(), budget_bound=budget_bound)
     bar.close()
+    if budget_bound:
+        _warn_budget_bound(pc, step)
     model.to(getattr(torch, cfg.model.dtype))
     save_pretrained(model, out_dir / MODEL_DIR, tokenizer=tokenizer)
     return out_dir / MODEL_DIR
+
+
+def _warn_budget_bound(pc: PretrainConfig, step: int) -> None:
+    log.warning("mid-training ran into the last %d%% of its time budget (pretrain.time_budget_s "
+                "= %g s; it stopped at step %d of %d): its learning rate followed the clock, so "
+                "this model is not reproducible run to run", 100 * BUDGET_COOLDOWN,
+                pc.time_budget_s, step, pc.max_steps)
+
+
+def budget_bound(model_dir: str | Path) -> bool:
+    """Whether the mid-training that saved ``model_dir`` was bound by its time budget (so is not
+    reproducible): its metrics' last line says so. False for a model without such metrics."""
+    metrics = Path(model_dir).parent / METRICS_FILE
+    lines = metrics.read_text().splitlines() if metrics.is_file() else []
+    return bool(lines) and bool(json.loads(lines[-1]).get("budget_bound", False))
 
 
 # ---------------------------------------------------------------- steps
@@ -140,7 +171,7 @@ def trim_batch(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, tor
 
 
 class ThreadTuner:
-    """Runs each step at the thread count measured fastest among ``choices`` (pretrain.num_threads
+    """Runs each step at the thread count measured fastest among ``choices`` (run.pretrain_threads
     = 0): a probe times ``probe`` steps at each choice, interleaved (A B A B ..., so a machine
     whose speed drifts during the probe biases none), compares median seconds per token, and
     keeps the winner for ``hold`` steps, doubling that each time the same choice wins again
@@ -149,7 +180,8 @@ class ThreadTuner:
     Why: with all cores a step is fastest on a machine otherwise idle (2 cores: ~1.9x one
     thread), but several times slower than one thread while other processes keep a core busy
     (an OpenMP parallel region waits for its slowest thread); which one holds is known only by
-    measuring."""
+    measuring. The choice changes no bit of the result where MKL runs in strict CNR mode
+    (``thread_tuner`` uses the tuner only there)."""
 
     def __init__(self, choices: list[int], probe: int = 3, hold: int = 100, max_hold: int = 800):
         self.choices = list(dict.fromkeys(choices))
@@ -184,6 +216,20 @@ class ThreadTuner:
             self.best = winner
 
 
+def thread_tuner(threads: int, thread_invariant: bool) -> ThreadTuner | None:
+    """The tuner of run.pretrain_threads = 0, or None (a fixed count). Without MKL's strict mode
+    (MKL had already run in this process) a thread switch would change the result, so the run
+    keeps torch's count instead, and says so."""
+    if threads:
+        return None
+    if not thread_invariant:
+        log.warning("MKL's strict reproducible mode could not be turned on (MKL already ran in "
+                    "this process): mid-training keeps %d threads instead of tuning the count, "
+                    "so that its result does not depend on timing", torch.get_num_threads())
+        return None
+    return ThreadTuner([torch.get_num_threads(), 1])
+
+
 @contextlib.contextmanager
 def torch_threads(n: int):
     """Run the block with n torch threads (0 = leave as is), restoring the previous count."""
@@ -203,15 +249,15 @@ def corpus_documents(cfg) -> list[str]:
         return load_corpus(cfg.pretrain.corpus)
     from tidal.env import environment_corpus  # lazy: environments import their families
 
-    return environment_corpus(cfg.env, cfg.pretrain.corpus_docs, cfg.orchestrator.seed)
+    return environment_corpus(cfg.env, cfg.pretrain.corpus_docs, cfg.run.seed)
 
 
 def initial_model(cfg) -> torch.nn.Module:
-    """model.init_from's checkpoint, or a fresh model seeded by orchestrator.seed; trained in fp32
+    """model.init_from's checkpoint, or a fresh model seeded by run.seed; trained in fp32
     whatever model.dtype says (the dtype is applied when saving)."""
     if cfg.model.init_from:
         return from_pretrained(cfg.model.init_from, dtype="float32")
-    return build_model(cfg.model.model_copy(update={"dtype": "float32"}), seed=cfg.orchestrator.seed)
+    return build_model(cfg.model.model_copy(update={"dtype": "float32"}), seed=cfg.run.seed)
 
 
 def make_optimizer(model: torch.nn.Module, pc: PretrainConfig) -> torch.optim.AdamW:
@@ -225,12 +271,16 @@ def make_optimizer(model: torch.nn.Module, pc: PretrainConfig) -> torch.optim.Ad
 
 
 def lr_at(pc: PretrainConfig, step: int, elapsed_s: float) -> float:
-    """Linear warm-up, then cosine from lr to FINAL_LR_FRACTION * lr over the run's progress =
-    max(step fraction after warm-up, elapsed-time fraction)."""
+    """Linear warm-up, then cosine from lr to FINAL_LR_FRACTION * lr over the step fraction after
+    warm-up: a function of the step alone (so the run is reproducible) until the last
+    BUDGET_COOLDOWN of time_budget_s. A run still going then is too slow to finish its steps in
+    time: its progress moves with the clock from the step fraction to 1 at the budget's end, so
+    it still ends at the low learning rate, but its LR (and so its model) depends on the clock."""
     if step < pc.warmup_steps:
         return pc.lr * (step + 1) / pc.warmup_steps
     step_frac = (step - pc.warmup_steps) / max(pc.max_steps - pc.warmup_steps, 1)
-    progress = min(1.0, max(step_frac, elapsed_s / pc.time_budget_s))
+    clock = (elapsed_s / pc.time_budget_s - (1.0 - BUDGET_COOLDOWN)) / BUDGET_COOLDOWN
+    progress = min(1.0, step_frac + (1.0 - step_frac) * min(max(clock, 0.0), 1.0))
     cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
     return pc.lr * (FINAL_LR_FRACTION + (1.0 - FINAL_LR_FRACTION) * cosine)
 
