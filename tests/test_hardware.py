@@ -158,9 +158,10 @@ def test_dry_run_keeps_auto_and_names_what_it_resolved_to(machine, capsys):
     auto = "bfloat16" if machine.native_bf16 else "float32"
     assert main(["train", "--dry-run", "--trainer.dtype", auto]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0] == f"# {dtype_line(load_config(None, ['--trainer.dtype', auto]), TRAIN_DTYPES)}"
-    assert f"model auto -> {auto}, trainer {auto}," in out.splitlines()[0]
-    assert machine.cpu in out.splitlines()[0]
+    line = next(x for x in out.splitlines() if x.startswith("# dtype:"))  # after the env line
+    assert line == f"# {dtype_line(load_config(None, ['--trainer.dtype', auto]), TRAIN_DTYPES)}"
+    assert f"model auto -> {auto}, trainer {auto}," in line
+    assert machine.cpu in line
     assert '[model]' in out and 'dtype = "auto"' in out and f'dtype = "{auto}"' in out
 
 
