@@ -340,3 +340,21 @@ def test_attention_gradients_equal_plain_attentions():
     want = torch.autograd.grad((out * w.double()).sum(), (q64, k64, v64))
     for name, a, e in zip("qkv", got, want):
         torch.testing.assert_close(a.double(), e, atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_probe_catches_a_row_that_differs_only_when_alone():
+    """An op whose batch slices agree but whose one-row result differs for one row in the middle
+    (what bf16 F.linear did here, and decode then parted from the full forward) is rejected."""
+    from tidal.numerics import probe
+
+    x = torch.randn(probe.PROBE_BATCH, 8, generator=torch.Generator().manual_seed(0))
+    odd = x[41].clone()
+
+    def op(rows):
+        out = rows * 2.0
+        if rows.shape[0] == 1 and torch.equal(rows[0], odd):
+            out = out + 1e-6
+        return out
+
+    assert "1 row at offset 41" in probe.rows_invariant(op, x, (1,))
+    assert probe.rows_invariant(lambda rows: rows * 2.0, x, (1,)) == ""

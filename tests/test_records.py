@@ -58,7 +58,7 @@ SUMMARY_KEYS = {
     "heldout_pass1_after", "heldout_pass1_before", "heldout_pass1_by_level_after",
     "heldout_pass1_by_level_before", "heldout_samples_per_task", "heldout_tasks", "init_checkpoint",
     "kept_stale", "max_staleness", "max_staleness_seen", "num_workers", "numerics", "plot",
-    "pretrain_s", "report", "rl_wall_s", "steps", "trajectories", "wall_s", "worker_busy_fraction",
+    "pretrain_budget_bound", "pretrain_s", "report", "rl_wall_s", "steps", "trajectories", "wall_s", "worker_busy_fraction",
     "worker_failures",
 }
 
