@@ -140,9 +140,26 @@ def test_an_episode_cut_short_scores_calc_py_as_it_stands(sandbox):
     spec = load_environment("fixit", sandbox=sandbox)
     task = spec.sample_tasks(1, 5, False)[0]
     _, [ended] = play(spec, task, [])  # no fix at all: the broken file is graded
-    assert ended.done and ended.info["reason"] == "context" and ended.info["reward/tests_pass"] < 1.0
-    assert ended.reward == pytest.approx(ended.info["reward/tests_pass"] + 0.1)
+    assert ended.done and ended.info["reason"] == "context" and ended.info["reward/tests_pass"] == 0.0
+    assert ended.reward == pytest.approx(0.1)  # no partial credit for tests the broken file passes
     assert not spec.success(ended.reward, ended.info)
+
+
+def test_a_fix_that_passes_some_tests_earns_nothing_for_them(sandbox):
+    spec = load_environment("fixit", sandbox=sandbox)
+    task = next(t for t in spec.sample_tasks(20, 2, False)  # a broken file that passes some
+                if 0 < sum(funcs.evaluate(_written(t), x) == y for x, y in t.tests.tests))
+    line = broken_line(task)
+    unchanged = task.files["calc.py"].splitlines()[line - 1].strip()
+    _, [same, ended] = play(spec, task, [format_call("fix", {"line": line, "code": unchanged})])
+    assert re.fullmatch(r"[1-5]/6 pass", same.observation)
+    assert ended.info["reward/tests_pass"] == 0.0 and ended.reward == pytest.approx(0.1)
+
+
+def _written(task):
+    from tidal.envs.fixit.corpus import STEP_OF_CODE
+
+    return [STEP_OF_CODE[line.strip()] for line in task.files["calc.py"].splitlines()[1:-1]]
 
 
 # ---------------------------------------------------------------- the harness

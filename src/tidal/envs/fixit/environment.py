@@ -179,8 +179,9 @@ def report(grade: Grade) -> str:
 
 
 def tests_pass(task: FixitTask, env: Fixit) -> float:
-    """Fraction of the hidden tests calc.py passes at the end."""
-    return env.verdict.passed / env.verdict.total
+    """1 if calc.py passes every hidden test at the end. No partial credit: the broken file
+    already passes some tests, and RL on the fraction learned to leave the line as it was."""
+    return 1.0 if env.verdict.passed == env.verdict.total else 0.0
 
 
 def clean_calls(task: FixitTask, env: Fixit) -> float:
