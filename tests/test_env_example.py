@@ -20,7 +20,8 @@ from tidal.engine.engine import Engine
 from tidal.engine.request import GenerationResult
 from tidal.env import OBS_OPEN, format_call, load_environment
 from tidal.envs import funcs
-from tidal.envs.fixit.environment import FixitConfig, code_of, numbered, sample_tasks, source_of
+from tidal.envs.fixit.environment import (FixitConfig, code_of, numbered, phrase_of, sample_tasks,
+                                          source_of)
 from tidal.harness import HarnessConfig, run_episodes
 from tidal.model import ByteTokenizer, build_model, preset
 from tidal.sandbox import Sandbox, SandboxConfig
@@ -49,10 +50,12 @@ def test_tasks_are_deterministic_splits_disjoint_and_each_file_fails_its_tests()
     assert not {t.tests.spec for t in a} & {t.tests.spec for t in held}
     for t in a + held:
         assert t.files["calc.py"] != source_of(t.tests.spec)
-        written = [line.strip() for line in t.files["calc.py"].splitlines()[1:-1]]
+        lines = t.files["calc.py"].splitlines()[1:-1]
+        written = [code_part(line) for line in lines]
         right = [code_of(*step) for step in t.tests.spec]
         assert sum(w != r for w, r in zip(written, right)) == 1  # exactly one wrong line
-        assert t.prompt.startswith("f should: ") and t.level == len(t.tests.spec)
+        assert [line.partition(" # ")[2] for line in lines] == [phrase_of(*s) for s in t.tests.spec]
+        assert t.level == len(t.tests.spec)  # ... and every comment says what its line should do
 
 
 PUBLIC_MODULES = {"tidal.env", "tidal.envs", "tidal.envs.funcs", "tidal.envs.fixit.environment",
@@ -94,18 +97,36 @@ def play(spec, task, calls):
     return asyncio.run(episode())
 
 
+def code_part(line: str) -> str:
+    return line.partition(" #")[0].strip()
+
+
 def broken_line(task) -> int:
     written = task.files["calc.py"].splitlines()
     return next(i for i, step in enumerate(task.tests.spec, 2)
-                if written[i - 1].strip() != code_of(*step))
+                if code_part(written[i - 1]) != code_of(*step))
 
 
-def test_the_head_shows_the_task_and_calc_py_numbered(sandbox):
+def test_the_head_shows_calc_py_numbered(sandbox):
     spec = load_environment("fixit", sandbox=sandbox)
     task = spec.sample_tasks(1, 0, False)[0]
     head, _ = play(spec, task, [])
-    assert head == f"{task.prompt}\n{numbered(task.files['calc.py'])}"
+    assert head == f"calc.py\n{numbered(task.files['calc.py'])}"
     assert head.splitlines()[1] == "1 def f(x):" and head.splitlines()[-1].endswith(" return x")
+
+
+def test_a_fix_keeps_the_line_s_indent_and_comment(sandbox):
+    spec = load_environment("fixit", sandbox=sandbox)
+    task = spec.sample_tasks(1, 0, False)[0]
+    line = broken_line(task)
+    env = spec.make()
+
+    async def fix():
+        await env.reset(task)
+        await env.step(format_call("fix", {"line": line, "code": "  x = x + 1 "}))
+        return env.source.splitlines()[line - 1]
+
+    assert asyncio.run(fix()) == f" x = x + 1 # {phrase_of(*task.tests.spec[line - 2])}"
 
 
 def test_the_right_fix_passes_and_ends_the_episode(sandbox):
@@ -150,16 +171,16 @@ def test_a_fix_that_passes_some_tests_earns_nothing_for_them(sandbox):
     task = next(t for t in spec.sample_tasks(20, 2, False)  # a broken file that passes some
                 if 0 < sum(funcs.evaluate(_written(t), x) == y for x, y in t.tests.tests))
     line = broken_line(task)
-    unchanged = task.files["calc.py"].splitlines()[line - 1].strip()
+    unchanged = code_part(task.files["calc.py"].splitlines()[line - 1])
     _, [same, ended] = play(spec, task, [format_call("fix", {"line": line, "code": unchanged})])
     assert re.fullmatch(r"[1-5]/6 pass", same.observation)
     assert ended.info["reward/tests_pass"] == 0.0 and ended.reward == pytest.approx(0.1)
 
 
 def _written(task):
-    from tidal.envs.fixit.corpus import STEP_OF_CODE
+    from tidal.envs.fixit.corpus import steps_of
 
-    return [STEP_OF_CODE[line.strip()] for line in task.files["calc.py"].splitlines()[1:-1]]
+    return steps_of(task.files["calc.py"])
 
 
 # ---------------------------------------------------------------- the harness
@@ -170,7 +191,7 @@ def test_every_task_fits_the_default_window_with_room_for_a_turn():
     tok = ByteTokenizer()
     for heldout in (False, True):
         for task in sample_tasks(FixitConfig(), 300, 0, heldout):
-            head = f"{task.prompt}\n{numbered(task.files['calc.py'])}"
+            head = f"{task.prompt}\n{numbered(task.files['calc.py'])}"  # the head (tested above)
             assert len(tok.encode(head, add_bos=True)) + turn <= window
 
 
@@ -253,8 +274,9 @@ def test_the_corpus_is_expert_episodes_exactly_as_the_harness_shows_them():
     first_wrong = sum(bool(re.search(r"<obs>[0-5]/6 pass", d)) for d in docs)
     retried = sum(d.count("<call>") == 2 for d in docs)
     assert 35 <= first_wrong <= 90 and 5 <= retried < first_wrong  # fix_slip_rate 0.3; room to retry
-    held = {t.prompt for t in spec.sample_tasks(200, 0, True)}
-    assert not any(p + "\n" in d for p in held for d in docs)  # training split only
+    held = {t.files["calc.py"] for t in spec.sample_tasks(200, 0, True)}
+    shown = {d.partition("\n<call>")[0] for d in docs}
+    assert not any(numbered(f) in s for f in held for s in shown)  # training split only
 
 
 def test_a_slip_free_expert_always_fixes_the_line():

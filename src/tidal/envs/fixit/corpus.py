@@ -2,7 +2,7 @@
 
 The expert plays each training task through the harness's own ``Episode`` loop in place of the
 engine, under the default recipe's room (a 256-token window, 96 tokens kept free for a turn), so
-a document is exactly the context the model will see in RL — the task, calc.py numbered,
+a document is exactly the context the model will see in RL — calc.py numbered,
 ``<call>{...}</call>`` turns and ``<obs>...</obs>`` answers — with no second copy of the format
 to drift out of step:
 
@@ -30,7 +30,7 @@ from tidal.envs.funcs import Grade
 from tidal.harness import Episode, GenerationRequest, GenerationResult, HarnessConfig
 from tidal.model import ByteTokenizer
 
-CORPUS_VERSION = 2
+CORPUS_VERSION = 3
 """Bump whenever the expert, its slips or the rendering change (pretrain cache key)."""
 
 WRONG_LINE_RATE = 0.3
@@ -46,11 +46,17 @@ STEP_OF_CODE = {code_of(op[0], c): (op[0], c if op[3] else 0)
 """Every step's code the expert can write (constants 0..10: a slip can push one out of range)."""
 
 
+def steps_of(source: str) -> list:
+    """The steps calc.py's body lines run (None for a line that is not a step's code)."""
+    return [STEP_OF_CODE.get(line.partition(" #")[0].removeprefix(" "))
+            for line in source.rstrip("\n").split("\n")[1:-1]]
+
+
 def grade_written(task: FixitTask, source: str) -> Grade:
     """The hidden tests' verdict on calc.py as the expert left it, computed without running it."""
     total = len(task.tests.tests)
     lines = source.rstrip("\n").split("\n")
-    steps = [STEP_OF_CODE.get(line.removeprefix(" ")) for line in lines[1:-1]]
+    steps = steps_of(source)
     if lines[0] != "def f(x):" or lines[-1] != " return x" or None in steps:
         return Grade(0.0, "syntax_error", 0, total, 0.0)
     passed = sum(funcs.evaluate(steps, x) == y for x, y in task.tests.tests)
@@ -65,7 +71,7 @@ def fix_call(line: int, step) -> str:
 def expert_plan(task: FixitTask, rng: random.Random, slip_rate: float) -> list[str]:
     """The expert's turns on ``task``: the right fix, or a wrong one and then the right one."""
     spec = task.tests.spec
-    written = [STEP_OF_CODE[line.strip()] for line in task.files["calc.py"].splitlines()[1:-1]]
+    written = steps_of(task.files["calc.py"])
     broken = next(i for i, (w, s) in enumerate(zip(written, spec)) if w != s)
     right = fix_call(broken + 2, spec[broken])  # line 1 is ``def f(x):``
     if rng.random() >= slip_rate:

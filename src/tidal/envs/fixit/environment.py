@@ -1,21 +1,21 @@
-"""Example environment "fixit": one line of calc.py is wrong; fix it until the tests pass.
+"""Example environment "fixit": one line of calc.py does not do what its comment says; fix it.
 
 A complete environment (docs/environments.md walks through it): its settings, tasks, a tool, a
 rubric, what counts as success and ``load_environment``; its mid-training corpus is in
 corpus.py. It builds only on public names (tidal.env, and the funcs family's task generator and
-grader). The context's head is the task and calc.py with line numbers; the model's turn
-rewrites one line, which runs the hidden tests; the episode ends when they all pass:
+grader). The context's head is calc.py with line numbers; the model's turn rewrites the code
+of one line, which runs the hidden tests; the episode ends when they all pass:
 
-    f should: Add 3, then multiply by 2.
+    calc.py
     1 def f(x):
-    2  x = x + 3
-    3  x = x // 2
+    2  x = x + 3 # add 3
+    3  x = x // 2 # multiply by 2
     4  return x
     <call>{"fix":{"line":3,"code":"x = x * 2"}}</call>
     <obs>6/6 pass</obs>
 
 Sized for the default recipe (a byte-level model, a 256-token window, 96 tokens kept free for
-each turn): the head is 50-115 tokens and a fix with its answer ~70, so there is room for a
+each turn): the head is 40-100 tokens and a fix with its answer ~70, so there is room for a
 second try after a wrong fix when the head is short.
 """
 
@@ -76,28 +76,29 @@ def code_of(name: str, c: int) -> str:
     return funcs.OP_BY_NAME[name][2].format(c=c)
 
 
-def source_of(spec) -> str:
-    """calc.py implementing ``spec`` (one-space indents: every character is a token)."""
-    return "def f(x):\n" + "".join(f" {code_of(*step)}\n" for step in spec) + " return x\n"
+def phrase_of(name: str, c: int) -> str:
+    """What one step does, in words: ``add 3``."""
+    return funcs.OP_BY_NAME[name][1].format(c=c)
 
 
-def describe(spec) -> str:
-    """What f should do, constants as digits: ``Add 3, then multiply by 2.``"""
-    text = ", then ".join(funcs.OP_BY_NAME[n][1].format(c=c) for n, c in spec)
-    return text[0].upper() + text[1:] + "."
+def source_of(spec, written=None) -> str:
+    """calc.py: each step of ``spec`` commented with what it should do, its code that of
+    ``written`` (default: ``spec``). One-space indents: every character is a token."""
+    lines = [f" {code_of(*w)} # {phrase_of(*s)}\n" for s, w in zip(spec, written or spec)]
+    return "def f(x):\n" + "".join(lines) + " return x\n"
 
 
 def make_task(spec, rng: random.Random, num_tests: int) -> FixitTask | None:
-    """calc.py implements ``spec`` except for one line, which has a typical slip; None when the
-    slip changes nothing the hidden tests see (the broken file would already pass)."""
+    """calc.py implements ``spec`` except for one line, whose code has a typical slip (its
+    comment is right); None when the slip changes nothing the hidden tests see."""
     tests = dataclasses.replace(funcs.make_task(spec, rng, num_examples=0, num_tests=num_tests),
                                 prompt="")
     broken = rng.randrange(len(spec))
     written = tuple(funcs.slip(rng, *op) if i == broken else op for i, op in enumerate(spec))
     if all(funcs.evaluate(written, x) == y for x, y in tests.tests):
         return None
-    prompt = f"f should: {describe(spec)}"
-    return FixitTask(f"fixit-{tests.task_id}", prompt, {"calc.py": source_of(written)}, tests)
+    return FixitTask(f"fixit-{tests.task_id}", "calc.py", {"calc.py": source_of(spec, written)},
+                     tests)
 
 
 def sample_tasks(cfg: FixitConfig, n: int, seed: int, heldout: bool) -> list[FixitTask]:
@@ -138,22 +139,24 @@ class Fixit(ToolEnvironment):
         return task.prompt
 
     def head(self, task_text: str) -> str:
-        """The task and calc.py, numbered: the tool's form is what the corpus teaches (the
-        generic listing would cost 60 tokens of a 256-token window)."""
+        """The file's name and calc.py, numbered. The tool's form is what the corpus teaches
+        (the generic listing would cost 60 tokens of a 256-token window)."""
         return f"{task_text}\n{numbered(self.source)}"
 
     def tools(self):
         return [self.fix]
 
     def fix(self, line: int, code: str) -> str:
-        """Replace line ``line`` of calc.py by ``code`` (its indent is kept); runs the tests."""
+        """Replace the code of line ``line`` of calc.py (its indent and comment are kept); runs
+        the tests."""
         lines = self.source.splitlines()
         if not 1 <= line <= len(lines):
             raise ToolError(f"calc.py has lines 1-{len(lines)}")
         if "\n" in code:
             raise ToolError("code is one line")
-        old = lines[line - 1]
-        lines[line - 1] = old[: len(old) - len(old.lstrip())] + code.strip()
+        old, comment = lines[line - 1].partition(" #")[::2]
+        indent = old[: len(old) - len(old.lstrip())]
+        lines[line - 1] = indent + code.strip() + (f" #{comment}" if comment else "")
         self.source = "\n".join(lines) + "\n"
         self.verdict = self.grade(self.task, self.source)
         if self.verdict.passed == self.verdict.total:
