@@ -162,7 +162,7 @@ def test_an_episode_cut_short_scores_calc_py_as_it_stands(sandbox):
     task = spec.sample_tasks(1, 5, False)[0]
     _, [ended] = play(spec, task, [])  # no fix at all: the broken file is graded
     assert ended.done and ended.info["reason"] == "context" and ended.info["reward/tests_pass"] == 0.0
-    assert ended.reward == pytest.approx(0.1)  # no partial credit for tests the broken file passes
+    assert ended.reward == 0.0  # no partial credit for the tests the broken file passes
     assert not spec.success(ended.reward, ended.info)
 
 
@@ -174,7 +174,7 @@ def test_a_fix_that_passes_some_tests_earns_nothing_for_them(sandbox):
     unchanged = code_part(task.files["calc.py"].splitlines()[line - 1])
     _, [same, ended] = play(spec, task, [format_call("fix", {"line": line, "code": unchanged})])
     assert re.fullmatch(r"[1-5]/6 pass", same.observation)
-    assert ended.info["reward/tests_pass"] == 0.0 and ended.reward == pytest.approx(0.1)
+    assert ended.info["reward/tests_pass"] == 0.0 and ended.reward == 0.0
 
 
 def _written(task):

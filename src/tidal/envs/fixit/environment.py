@@ -188,8 +188,10 @@ def tests_pass(task: FixitTask, env: Fixit) -> float:
 
 
 def clean_calls(task: FixitTask, env: Fixit) -> float:
-    """1 if no tool call of the episode was malformed."""
-    return 1.0 if env.tool_errors == 0 else 0.0
+    """1 if the tests pass and no tool call of the episode was malformed. Only a solved episode
+    earns it: a failed one scores 0 however it failed, so a GRPO group that all failed carries
+    no signal (the bonus alone would be normalised into a full-size advantage)."""
+    return 1.0 if env.tool_errors == 0 and tests_pass(task, env) == 1.0 else 0.0
 
 
 RUBRIC = Rubric([(tests_pass, 1.0), (clean_calls, 0.1)])
