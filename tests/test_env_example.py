@@ -20,7 +20,8 @@ from tidal.engine.engine import Engine
 from tidal.engine.request import GenerationResult
 from tidal.env import OBS_OPEN, format_call, load_environment
 from tidal.envs import funcs
-from tidal.envs.fixit.environment import FixitConfig, code_of, phrase_of, sample_tasks, source_of
+from tidal.envs.fixit.environment import (FixitConfig, code_of, numbered, phrase_of, sample_tasks,
+                                          source_of)
 from tidal.harness import HarnessConfig, run_episodes
 from tidal.model import ByteTokenizer, build_model, preset
 from tidal.sandbox import Sandbox, SandboxConfig
@@ -100,50 +101,39 @@ def code_part(line: str) -> str:
     return line.partition(" #")[0].strip()
 
 
-def broken_step(task):
-    """The step whose line's code is wrong."""
-    written = task.files["calc.py"].splitlines()[1:-1]
-    return next(step for line, step in zip(written, task.tests.spec)
-                if code_part(line) != code_of(*step))
+def broken_line(task) -> int:
+    written = task.files["calc.py"].splitlines()
+    return next(i for i, step in enumerate(task.tests.spec, 2)
+                if code_part(written[i - 1]) != code_of(*step))
 
 
-def fix(step, code: str) -> str:
-    """The call setting the code of the line commented for ``step``."""
-    return format_call("fix", {"comment": phrase_of(*step), "code": code})
-
-
-def right_fix(task) -> str:
-    step = broken_step(task)
-    return fix(step, code_of(*step))
-
-
-def test_the_head_shows_calc_py(sandbox):
+def test_the_head_shows_calc_py_numbered(sandbox):
     spec = load_environment("fixit", sandbox=sandbox)
     task = spec.sample_tasks(1, 0, False)[0]
     head, _ = play(spec, task, [])
-    assert head == f"calc.py\n{task.files['calc.py']}"
-    assert head.splitlines()[1] == "def f(x):" and head.splitlines()[-1] == " return x"
+    assert head == f"calc.py\n{numbered(task.files['calc.py'])}"
+    assert head.splitlines()[1] == "1 def f(x):" and head.splitlines()[-1].endswith(" return x")
 
 
-def test_a_fix_sets_the_code_of_the_lines_with_that_comment(sandbox):
+def test_a_fix_keeps_the_line_s_indent_and_comment(sandbox):
     spec = load_environment("fixit", sandbox=sandbox)
-    task = next(t for t in spec.sample_tasks(400, 0, False)  # the same step twice
-                if len(t.tests.spec) == 2 and t.tests.spec[0] == t.tests.spec[1])
+    task = spec.sample_tasks(1, 0, False)[0]
+    line = broken_line(task)
     env = spec.make()
 
-    async def edit():
+    async def fix():
         await env.reset(task)
-        await env.step(fix(task.tests.spec[0], "  x = x + 1 "))
-        return env.source
+        await env.step(format_call("fix", {"line": line, "code": "  x = x + 1 "}))
+        return env.source.splitlines()[line - 1]
 
-    comment = phrase_of(*task.tests.spec[0])
-    assert asyncio.run(edit()) == f"def f(x):\n x = x + 1 # {comment}\n x = x + 1 # {comment}\n return x\n"
+    assert asyncio.run(fix()) == f" x = x + 1 # {phrase_of(*task.tests.spec[line - 2])}"
 
 
 def test_the_right_fix_passes_and_ends_the_episode(sandbox):
     spec = load_environment("fixit", sandbox=sandbox)
     task = spec.sample_tasks(1, 2, False)[0]
-    _, [result] = play(spec, task, [right_fix(task)])
+    line = broken_line(task)
+    _, [result] = play(spec, task, [format_call("fix", {"line": line, "code": code_of(*task.tests.spec[line - 2])})])
     assert result.done and result.observation == "6/6 pass" and result.info["reason"] == "pass"
     assert result.reward == pytest.approx(1.1) and spec.success(result.reward, result.info)
 
@@ -151,17 +141,18 @@ def test_the_right_fix_passes_and_ends_the_episode(sandbox):
 def test_a_wrong_fix_shows_failing_tests_and_the_episode_goes_on(sandbox):
     spec = load_environment("fixit", sandbox=sandbox)
     task = spec.sample_tasks(1, 2, False)[0]
-    step = broken_step(task)
+    line = broken_line(task)
+    right = code_of(*task.tests.spec[line - 2])
     _, results = play(spec, task, [
-        fix(step, "x = x + 100"),
-        fix(step, "x = (x"),
-        format_call("fix", {"comment": "do it right", "code": code_of(*step)}),
-        right_fix(task),
+        format_call("fix", {"line": line, "code": "x = x + 100"}),
+        format_call("fix", {"line": line, "code": "x = (x"}),
+        format_call("fix", {"line": 9, "code": right}),
+        format_call("fix", {"line": line, "code": right}),
     ])
-    wrong, syntax, no_such_line, fixed = results
+    wrong, syntax, out_of_range, fixed = results
     assert re.fullmatch(r"[0-5]/6 pass", wrong.observation) and not wrong.done
     assert syntax.observation == "0/6 pass (syntax_error)" and not syntax.done
-    assert no_such_line.info["tool_error"] == "tool_error" and "no line" in no_such_line.observation
+    assert out_of_range.info["tool_error"] == "tool_error" and "lines 1-" in out_of_range.observation
     assert fixed.done and spec.success(fixed.reward, fixed.info)
     assert fixed.reward == pytest.approx(1.0)  # a malformed call lost the clean_calls bonus
 
@@ -179,10 +170,9 @@ def test_a_fix_that_passes_some_tests_earns_nothing_for_them(sandbox):
     spec = load_environment("fixit", sandbox=sandbox)
     task = next(t for t in spec.sample_tasks(20, 2, False)  # a broken file that passes some
                 if 0 < sum(funcs.evaluate(_written(t), x) == y for x, y in t.tests.tests))
-    step = broken_step(task)
-    unchanged = next(code_part(line) for line in task.files["calc.py"].splitlines()
-                     if line.endswith(f" # {phrase_of(*step)}"))
-    _, [same, ended] = play(spec, task, [fix(step, unchanged)])
+    line = broken_line(task)
+    unchanged = code_part(task.files["calc.py"].splitlines()[line - 1])
+    _, [same, ended] = play(spec, task, [format_call("fix", {"line": line, "code": unchanged})])
     assert re.fullmatch(r"[1-5]/6 pass", same.observation)
     assert ended.info["reward/tests_pass"] == 0.0 and ended.reward == 0.0
 
@@ -201,7 +191,7 @@ def test_every_task_fits_the_default_window_with_room_for_a_turn():
     tok = ByteTokenizer()
     for heldout in (False, True):
         for task in sample_tasks(FixitConfig(), 300, 0, heldout):
-            head = f"{task.prompt}\n{task.files['calc.py']}"  # the head (tested above)
+            head = f"{task.prompt}\n{numbered(task.files['calc.py'])}"  # the head (tested above)
             assert len(tok.encode(head, add_bos=True)) + turn <= window
 
 
@@ -215,9 +205,10 @@ class Expert:
     async def generate(self, request):
         index, kind = request.tag
         task = self.tasks[index]
-        plan = ([format_call("fix", {"comment": 2, "code": "x"})] if self.clumsy else []) + (
-            [fix(broken_step(task), "x = -x + 99")] if self.wrong else []) + [
-            right_fix(task)]
+        line = broken_line(task)
+        plan = ([format_call("fix", {"line": "two", "code": "x"})] if self.clumsy else []) + (
+            [format_call("fix", {"line": line, "code": "x = -x + 99"})] if self.wrong else []) + [
+            "Fix it. " + format_call("fix", {"line": line, "code": code_of(*task.tests.spec[line - 2])})]
         text = plan[self.tok.decode(request.prompt_ids).count(OBS_OPEN)]
         ids = self.tok.encode(text)[: request.max_new_tokens]
         return GenerationResult(0, request.prompt_ids, ids, [-0.1] * len(ids), [0] * len(ids),
@@ -276,15 +267,16 @@ def test_the_corpus_is_expert_episodes_exactly_as_the_harness_shows_them():
     for doc, task in zip(docs, tasks):
         env = spec.make()
         head = asyncio.run(env.reset(task))  # the context's head, as the model sees it
-        assert doc.startswith(head + '<call>{"fix":{"comment":"')
+        assert doc.startswith(head + '<call>{"fix":{"line":')
         assert len(tok.encode(doc, add_bos=True)) <= DEFAULTS.engine.max_seq_len  # one window
-        assert doc.endswith(right_fix(task)) or re.search(r"<obs>[0-5]/6 pass</obs>\n$", doc)
+        right = format_call("fix", {"line": broken_line(task), "code": code_of(*task.tests.spec[broken_line(task) - 2])})
+        assert doc.endswith(right) or re.search(r"<obs>[0-5]/6 pass</obs>\n$", doc)
     first_wrong = sum(bool(re.search(r"<obs>[0-5]/6 pass", d)) for d in docs)
     retried = sum(d.count("<call>") == 2 for d in docs)
     assert 35 <= first_wrong <= 90 and 5 <= retried < first_wrong  # fix_slip_rate 0.3; room to retry
     held = {t.files["calc.py"] for t in spec.sample_tasks(200, 0, True)}
     shown = {d.partition("\n<call>")[0] for d in docs}
-    assert not any(f in s for f in held for s in shown)  # training split only
+    assert not any(numbered(f) in s for f in held for s in shown)  # training split only
 
 
 def test_a_slip_free_expert_always_fixes_the_line():

@@ -2,15 +2,15 @@
 
 The expert plays each training task through the harness's own ``Episode`` loop in place of the
 engine, under the default recipe's room (a 256-token window, 96 tokens kept free for a turn), so
-a document is exactly the context the model will see in RL — calc.py,
+a document is exactly the context the model will see in RL — calc.py numbered,
 ``<call>{...}</call>`` turns and ``<obs>...</obs>`` answers — with no second copy of the format
 to drift out of step:
 
     fix the wrong line ──> 6/6 pass (the episode ends)
 
 The expert's first fix is itself wrong with probability ``fix_slip_rate``: a typical slip (an
-off-by-one constant or a confused operator) on the line it fixes, or the right code put on a
-line that was not wrong. It sees the tests fail and fixes the line right, if the window has room for
+off-by-one constant or a confused operator) on the line it fixes, or the right code on a line
+that was not wrong. It sees the tests fail and fixes the line right, if the window has room for
 another turn (short heads); else the episode ends there, unsolved. So the mid-trained model knows
 the tool and sometimes ships a wrong fix: RL on the hidden tests has something to learn. The
 tests are scored without the sandbox: the expert writes only code in the funcs family's own
@@ -25,12 +25,12 @@ import random
 from tidal.env import OBS_OPEN, format_call
 from tidal.envs import funcs
 from tidal.envs.fixit.environment import (RUBRIC, Fixit, FixitConfig, FixitTask, code_of,
-                                          phrase_of, sample_tasks)
+                                          sample_tasks)
 from tidal.envs.funcs import Grade
 from tidal.harness import Episode, GenerationRequest, GenerationResult, HarnessConfig
 from tidal.model import ByteTokenizer
 
-CORPUS_VERSION = 4
+CORPUS_VERSION = 3
 """Bump whenever the expert, its slips or the rendering change (pretrain cache key)."""
 
 WRONG_LINE_RATE = 0.3
@@ -64,9 +64,8 @@ def grade_written(task: FixitTask, source: str) -> Grade:
                  total, 0.0)
 
 
-def fix_call(comment_step, step) -> str:
-    """The call setting the code of the line commented for ``comment_step`` to ``step``'s."""
-    return format_call("fix", {"comment": phrase_of(*comment_step), "code": code_of(*step)})
+def fix_call(line: int, step) -> str:
+    return format_call("fix", {"line": line, "code": code_of(*step)})
 
 
 def expert_plan(task: FixitTask, rng: random.Random, slip_rate: float) -> list[str]:
@@ -74,17 +73,17 @@ def expert_plan(task: FixitTask, rng: random.Random, slip_rate: float) -> list[s
     spec = task.tests.spec
     written = steps_of(task.files["calc.py"])
     broken = next(i for i, (w, s) in enumerate(zip(written, spec)) if w != s)
-    right = fix_call(spec[broken], spec[broken])
+    right = fix_call(broken + 2, spec[broken])  # line 1 is ``def f(x):``
     if rng.random() >= slip_rate:
         return [right]
-    others = [i for i in range(len(spec)) if spec[i] != spec[broken]]
+    others = [i for i in range(len(spec)) if i != broken]
     if others and rng.random() < WRONG_LINE_RATE:
-        wrong = fix_call(spec[rng.choice(others)], spec[broken])
+        wrong = fix_call(rng.choice(others) + 2, spec[broken])
     else:
         step = spec[broken]
         while step == spec[broken]:  # an off-by-one at the range's end can give the same step
             step = funcs.slip(rng, *spec[broken])
-        wrong = fix_call(spec[broken], step)
+        wrong = fix_call(broken + 2, step)
     return [wrong, right]
 
 

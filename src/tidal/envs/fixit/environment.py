@@ -3,21 +3,20 @@
 A complete environment (docs/environments.md walks through it): its settings, tasks, a tool, a
 rubric, what counts as success and ``load_environment``; its mid-training corpus is in
 corpus.py. It builds only on public names (tidal.env, and the funcs family's task generator and
-grader). The context's head is calc.py; the model's turn names a line by its comment and
-rewrites its code, which runs the hidden tests; the episode ends when they all pass:
+grader). The context's head is calc.py with line numbers; the model's turn rewrites the code
+of one line, which runs the hidden tests; the episode ends when they all pass:
 
     calc.py
-    def f(x):
-     x = x + 3 # add 3
-     x = x // 2 # multiply by 2
-     return x
-    <call>{"fix":{"comment":"multiply by 2","code":"x = x * 2"}}</call>
+    1 def f(x):
+    2  x = x + 3 # add 3
+    3  x = x // 2 # multiply by 2
+    4  return x
+    <call>{"fix":{"line":3,"code":"x = x * 2"}}</call>
     <obs>6/6 pass</obs>
 
 Sized for the default recipe (a byte-level model, a 256-token window, 96 tokens kept free for
-each turn): the head is 35-95 tokens and a fix with its answer 60-110, so a short head leaves
-room to try again after a wrong fix. The fix names the line by its comment, not its number:
-then the constant to write was just copied (a few tokens back), not looked up across the file.
+each turn): the head is 40-100 tokens and a fix with its answer ~70, so there is room for a
+second try after a wrong fix when the head is short.
 """
 
 from __future__ import annotations
@@ -115,6 +114,11 @@ def sample_tasks(cfg: FixitConfig, n: int, seed: int, heldout: bool) -> list[Fix
     return tasks
 
 
+def numbered(text: str) -> str:
+    """``1 def f(x):`` ...: each line with its number, as fix() counts them."""
+    return "".join(f"{i} {line}\n" for i, line in enumerate(text.splitlines(), 1))
+
+
 Grader = Callable[[FixitTask, str], Grade]
 """(task, calc.py's text) -> the hidden tests' verdict."""
 
@@ -135,24 +139,24 @@ class Fixit(ToolEnvironment):
         return task.prompt
 
     def head(self, task_text: str) -> str:
-        """The file's name and calc.py. The tool's form is what the corpus teaches (the generic
-        listing would cost 60 tokens of a 256-token window)."""
-        return f"{task_text}\n{self.source}"
+        """The file's name and calc.py, numbered. The tool's form is what the corpus teaches
+        (the generic listing would cost 60 tokens of a 256-token window)."""
+        return f"{task_text}\n{numbered(self.source)}"
 
     def tools(self):
         return [self.fix]
 
-    def fix(self, comment: str, code: str) -> str:
-        """Set the code of the line commented ``comment`` (its indent is kept); runs the tests."""
+    def fix(self, line: int, code: str) -> str:
+        """Replace the code of line ``line`` of calc.py (its indent and comment are kept); runs
+        the tests."""
+        lines = self.source.splitlines()
+        if not 1 <= line <= len(lines):
+            raise ToolError(f"calc.py has lines 1-{len(lines)}")
         if "\n" in code:
             raise ToolError("code is one line")
-        lines = self.source.splitlines()
-        hits = [i for i, line in enumerate(lines) if line.partition(" # ")[2] == comment]
-        if not hits:
-            raise ToolError(f"no line of calc.py is commented {comment!r}")
-        for i in hits:  # lines with the same comment should do the same
-            indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
-            lines[i] = f"{indent}{code.strip()} # {comment}"
+        old, comment = lines[line - 1].partition(" #")[::2]
+        indent = old[: len(old) - len(old.lstrip())]
+        lines[line - 1] = indent + code.strip() + (f" #{comment}" if comment else "")
         self.source = "\n".join(lines) + "\n"
         self.verdict = self.grade(self.task, self.source)
         if self.verdict.passed == self.verdict.total:
