@@ -30,7 +30,7 @@ from tidal.envs.funcs import Grade
 from tidal.harness import Episode, GenerationRequest, GenerationResult, HarnessConfig
 from tidal.model import ByteTokenizer
 
-CORPUS_VERSION = 3
+CORPUS_VERSION = 5
 """Bump whenever the expert, its slips or the rendering change (pretrain cache key)."""
 
 WRONG_LINE_RATE = 0.3

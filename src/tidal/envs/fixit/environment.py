@@ -47,7 +47,7 @@ class FixitConfig(BaseModel):
     """Most steps in f."""
     num_tests: int = Field(6, ge=1)
     """Hidden tests each fix runs calc.py against."""
-    fix_slip_rate: float = Field(0.3, ge=0.0, lt=1.0)
+    fix_slip_rate: float = Field(0.5, ge=0.0, lt=1.0)
     """Mid-training corpus realism: the chance that the expert's first fix is itself wrong
     (see corpus.py); 0 = the expert always fixes the line."""
 
@@ -88,13 +88,23 @@ def source_of(spec, written=None) -> str:
     return "def f(x):\n" + "".join(lines) + " return x\n"
 
 
+def confused(rng: random.Random, name: str, c: int) -> tuple[str, int]:
+    """A slip that confuses the operator (``*`` for ``//``) and keeps the constant, if the
+    confused operator takes one: so the right constant is on the broken line twice, in its code
+    and its comment (a byte-level model this small copies a digit unreliably)."""
+    while True:
+        step = funcs.slip(rng, name, c)
+        if step[0] != name:
+            return step
+
+
 def make_task(spec, rng: random.Random, num_tests: int) -> FixitTask | None:
-    """calc.py implements ``spec`` except for one line, whose code has a typical slip (its
+    """calc.py implements ``spec`` except for one line, whose code has the wrong operator (its
     comment is right); None when the slip changes nothing the hidden tests see."""
     tests = dataclasses.replace(funcs.make_task(spec, rng, num_examples=0, num_tests=num_tests),
                                 prompt="")
     broken = rng.randrange(len(spec))
-    written = tuple(funcs.slip(rng, *op) if i == broken else op for i, op in enumerate(spec))
+    written = tuple(confused(rng, *op) if i == broken else op for i, op in enumerate(spec))
     if all(funcs.evaluate(written, x) == y for x, y in tests.tests):
         return None
     return FixitTask(f"fixit-{tests.task_id}", "calc.py", {"calc.py": source_of(spec, written)},
