@@ -1,14 +1,22 @@
-"""Example environment "fixit": find and fix the one wrong line of calc.py, using tools.
+"""Example environment "fixit": one line of calc.py does not do what its comment says; fix it.
 
-A complete environment (docs/environments.md walks through it): its settings, tasks, tools, a
+A complete environment (docs/environments.md walks through it): its settings, tasks, a tool, a
 rubric, what counts as success and ``load_environment``; its mid-training corpus is in
 corpus.py. It builds only on public names (tidal.env, and the funcs family's task generator and
-grader). The model reads calc.py, rewrites it, runs the tests in the sandbox and submits:
+grader). The context's head is calc.py with line numbers; the model's turn rewrites the code
+of one line, which runs the hidden tests; the episode ends when they all pass:
 
-    <call>{"read":{"path":"calc.py"}}</call>
-    <call>{"write":{"path":"calc.py","content":"def f(x):\\n    x = x + 3\\n    return x\\n"}}</call>
-    <call>{"run_tests":{}}</call>
-    <call>{"submit":{}}</call>
+    calc.py
+    1 def f(x):
+    2  x = x + 3 # add 3
+    3  x = x // 2 # multiply by 2
+    4  return x
+    <call>{"fix":{"line":3,"code":"x = x * 2"}}</call>
+    <obs>6/6 pass</obs>
+
+Sized for the default recipe (a byte-level model, a 256-token window, 96 tokens kept free for
+each turn): the head is 40-100 tokens and a fix with its answer ~70, so there is room for a
+second try after a wrong fix when the head is short.
 """
 
 from __future__ import annotations
@@ -21,11 +29,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tidal.env import EnvironmentSpec, Rubric, RubricScore, ToolEnvironment, ToolError
+from tidal.env import (EnvironmentSpec, Rubric, RubricScore, StepResult, ToolEnvironment,
+                       ToolError, run_blocking)
 from tidal.envs import funcs
 from tidal.envs.funcs import Grade
 
-MAX_FILE_CHARS = 2000
 HELDOUT_BUCKETS = 10
 
 
@@ -34,14 +42,14 @@ class FixitConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     min_level: int = Field(1, ge=1)
-    """Fewest lines in f (one of them is wrong)."""
+    """Fewest steps in f (lines between ``def`` and ``return``; one of them is wrong)."""
     max_level: int = Field(2, ge=1)
-    """Most lines in f."""
+    """Most steps in f."""
     num_tests: int = Field(6, ge=1)
-    """Hidden tests run_tests and submit check calc.py against."""
-    fix_slip_rate: float = Field(0.3, ge=0.0, lt=1.0)
-    """Mid-training corpus realism: the chance that the expert's fix is itself wrong (see
-    corpus.py); 0 = the expert always fixes the line."""
+    """Hidden tests each fix runs calc.py against."""
+    fix_slip_rate: float = Field(0.5, ge=0.0, lt=1.0)
+    """Mid-training corpus realism: the chance that the expert's first fix is itself wrong
+    (see corpus.py); 0 = the expert always fixes the line."""
 
     @model_validator(mode="after")
     def _check(self) -> "FixitConfig":
@@ -63,19 +71,44 @@ class FixitTask:
         return self.tests.level
 
 
-def source_of(spec) -> str:
-    """calc.py implementing ``spec``."""
-    return "def f(x):\n" + funcs.solution_text(spec).rstrip("\n") + "\n"
+def code_of(name: str, c: int) -> str:
+    """The code of one step, unindented: ``x = x + 3``."""
+    return funcs.OP_BY_NAME[name][2].format(c=c)
 
 
-def make_task(spec, rng: random.Random, num_tests: int) -> FixitTask:
-    """calc.py implements ``spec`` except for one line, which has a typical slip."""
+def phrase_of(name: str, c: int) -> str:
+    """What one step does, in words: ``add 3``."""
+    return funcs.OP_BY_NAME[name][1].format(c=c)
+
+
+def source_of(spec, written=None) -> str:
+    """calc.py: each step of ``spec`` commented with what it should do, its code that of
+    ``written`` (default: ``spec``). One-space indents: every character is a token."""
+    lines = [f" {code_of(*w)} # {phrase_of(*s)}\n" for s, w in zip(spec, written or spec)]
+    return "def f(x):\n" + "".join(lines) + " return x\n"
+
+
+def confused(rng: random.Random, name: str, c: int) -> tuple[str, int]:
+    """A slip that confuses the operator (``*`` for ``//``) and keeps the constant, if the
+    confused operator takes one: so the right constant is on the broken line twice, in its code
+    and its comment (a byte-level model this small copies a digit unreliably)."""
+    while True:
+        step = funcs.slip(rng, name, c)
+        if step[0] != name:
+            return step
+
+
+def make_task(spec, rng: random.Random, num_tests: int) -> FixitTask | None:
+    """calc.py implements ``spec`` except for one line, whose code has the wrong operator (its
+    comment is right); None when the slip changes nothing the hidden tests see."""
     tests = dataclasses.replace(funcs.make_task(spec, rng, num_examples=0, num_tests=num_tests),
                                 prompt="")
     broken = rng.randrange(len(spec))
-    written = tuple(funcs.slip(rng, *op) if i == broken else op for i, op in enumerate(spec))
-    prompt = f"calc.py has one wrong line. f should: {funcs.describe(spec)}"
-    return FixitTask(f"fixit-{tests.task_id}", prompt, {"calc.py": source_of(written)}, tests)
+    written = tuple(confused(rng, *op) if i == broken else op for i, op in enumerate(spec))
+    if all(funcs.evaluate(written, x) == y for x, y in tests.tests):
+        return None
+    return FixitTask(f"fixit-{tests.task_id}", "calc.py", {"calc.py": source_of(spec, written)},
+                     tests)
 
 
 def sample_tasks(cfg: FixitConfig, n: int, seed: int, heldout: bool) -> list[FixitTask]:
@@ -86,9 +119,14 @@ def sample_tasks(cfg: FixitConfig, n: int, seed: int, heldout: bool) -> list[Fix
         spec = funcs.random_spec(rng, rng.randint(cfg.min_level, cfg.max_level))
         if funcs.is_heldout(spec, HELDOUT_BUCKETS) == heldout:
             task = make_task(spec, rng, cfg.num_tests)
-            if task.files["calc.py"] != source_of(spec):
-                tasks.append(task)  # skip the rare slip that changes nothing in the text
+            if task is not None:
+                tasks.append(task)
     return tasks
+
+
+def numbered(text: str) -> str:
+    """``1 def f(x):`` ...: each line with its number, as fix() counts them."""
+    return "".join(f"{i} {line}\n" for i, line in enumerate(text.splitlines(), 1))
 
 
 Grader = Callable[[FixitTask, str], Grade]
@@ -96,59 +134,74 @@ Grader = Callable[[FixitTask, str], Grade]
 
 
 class Fixit(ToolEnvironment):
-    system_prompt = 'Fix the bug. One tool call per turn: <call>{"TOOL":{ARGS}}</call>'
     tool_style = "signature"
 
     def __init__(self, grade: Grader, rubric: Rubric):
         super().__init__(rubric)
         self.grade = grade
-        self.files: dict[str, str] = {}
+        self.source = ""
+        """calc.py as it stands."""
         self.verdict: Grade | None = None
-        """The hidden tests' verdict on calc.py at submission."""
+        """The hidden tests' verdict on calc.py after the latest fix (None before one)."""
 
     async def setup(self, task: FixitTask) -> str:
-        self.files = dict(task.files)
+        self.source = task.files["calc.py"]
         return task.prompt
 
+    def head(self, task_text: str) -> str:
+        """The file's name and calc.py, numbered. The tool's form is what the corpus teaches
+        (the generic listing would cost 60 tokens of a 256-token window)."""
+        return f"{task_text}\n{numbered(self.source)}"
+
     def tools(self):
-        return [self.read, self.write, self.run_tests, self.submit]
+        return [self.fix]
 
-    def read(self, path: str) -> str:
-        """Show a file."""
-        if path not in self.files:
-            raise ToolError(f"no file {path!r}; files: {', '.join(sorted(self.files))}")
-        return self.files[path]
+    def fix(self, line: int, code: str) -> str:
+        """Replace the code of line ``line`` of calc.py (its indent and comment are kept); runs
+        the tests."""
+        lines = self.source.splitlines()
+        if not 1 <= line <= len(lines):
+            raise ToolError(f"calc.py has lines 1-{len(lines)}")
+        if "\n" in code:
+            raise ToolError("code is one line")
+        old, comment = lines[line - 1].partition(" #")[::2]
+        indent = old[: len(old) - len(old.lstrip())]
+        lines[line - 1] = indent + code.strip() + (f" #{comment}" if comment else "")
+        self.source = "\n".join(lines) + "\n"
+        self.verdict = self.grade(self.task, self.source)
+        if self.verdict.passed == self.verdict.total:
+            self.finish()
+        return report(self.verdict)
 
-    def write(self, path: str, content: str) -> str:
-        """Replace a file's content."""
-        if len(content) > MAX_FILE_CHARS:
-            raise ToolError(f"content is {len(content)} characters; the limit is {MAX_FILE_CHARS}")
-        self.files[path] = content
-        return f"wrote {len(content)} characters"
-
-    def run_tests(self) -> str:
-        """Run the tests of f in calc.py."""
-        grade = self.grade(self.task, self.files.get("calc.py", ""))
-        return f"{grade.passed}/{grade.total} pass ({grade.reason})"
-
-    def submit(self) -> str:
-        """Finish: calc.py is graded."""
-        self.verdict = self.grade(self.task, self.files.get("calc.py", ""))
-        self.finish()
-        return "submitted"
+    async def end(self, reason: str) -> StepResult:
+        """Out of room or turns before the tests passed: calc.py as it stands is scored."""
+        if self.verdict is None:
+            self.verdict = await run_blocking(self.grade, self.task, self.source)
+        score = await self.rubric.score(self.task, self)
+        info: dict[str, Any] = {f"reward/{k}": v for k, v in score.parts.items()}
+        return StepResult("", score.total, True, self.report({**info, "reason": reason}))
 
     def reason(self, score: RubricScore) -> str:
-        return self.verdict.reason  # "pass", "wrong_answer", "syntax_error", "timeout", ...
+        return self.verdict.reason  # "pass" (the tests pass: the episode ends)
+
+
+def report(grade: Grade) -> str:
+    """``2/6 pass``, and why when calc.py did not run (``0/6 pass (syntax_error)``)."""
+    why = "" if grade.reason in ("pass", "wrong_answer") else f" ({grade.reason})"
+    return f"{grade.passed}/{grade.total} pass{why}"
 
 
 def tests_pass(task: FixitTask, env: Fixit) -> float:
-    """Fraction of the hidden tests calc.py passes at submission."""
-    return env.verdict.passed / env.verdict.total
+    """1 if calc.py passes every hidden test at the end. No partial credit: the broken file
+    already passes some tests, and RL on the fraction learned to leave the line as it was."""
+    return 1.0 if env.verdict.passed == env.verdict.total else 0.0
 
 
 def clean_calls(task: FixitTask, env: Fixit) -> float:
-    """1 if no tool call of the episode was malformed."""
-    return 1.0 if env.tool_errors == 0 else 0.0
+    """1 if the tests pass and no tool call of the episode was malformed. Only a solved episode
+    earns it: a failed one scores 0 however it failed, so a GRPO group that all failed carries
+    no signal (the bonus alone would be normalised into a full-size advantage)."""
+    return 1.0 if env.tool_errors == 0 and tests_pass(task, env) == 1.0 else 0.0
 
 
 RUBRIC = Rubric([(tests_pass, 1.0), (clean_calls, 0.1)])
