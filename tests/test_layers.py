@@ -9,17 +9,18 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "tidal"
 
 FORBIDDEN = {
-    "model": {"engine", "harness", "env", "envs", "trainer", "orchestrator", "pretrain", "bench", "cli"},
-    "engine": {"harness", "env", "envs", "trainer", "orchestrator", "pretrain", "bench", "cli"},
-    "sandbox": {"model", "engine", "harness", "env", "envs", "orchestrator", "bench", "cli"},
-    "env": {"envs", "harness", "engine", "orchestrator", "trainer", "pretrain", "bench", "cli"},
-    "harness": {"envs", "orchestrator", "trainer", "pretrain", "bench", "cli"},
-    "envs": {"orchestrator", "trainer", "pretrain", "bench", "cli", "config"},
-    "pretrain": {"orchestrator", "trainer", "harness", "bench", "cli"},
-    "trainer": {"orchestrator", "harness", "env", "envs", "bench", "cli"},
-    "sync": {"orchestrator", "trainer", "engine", "harness", "env", "envs", "bench", "cli"},
-    "numerics": {"model", "engine", "trainer", "orchestrator"},
-    "telemetry": {"orchestrator", "trainer", "engine", "bench", "cli"},
+    "model": {"engine", "harness", "env", "envs", "trainer", "orchestrator", "pretrain", "bench", "cli", "online"},
+    "engine": {"harness", "env", "envs", "trainer", "orchestrator", "pretrain", "bench", "cli", "online"},
+    "sandbox": {"model", "engine", "harness", "env", "envs", "orchestrator", "bench", "cli", "online"},
+    "env": {"envs", "harness", "engine", "orchestrator", "trainer", "pretrain", "bench", "cli", "online"},
+    "harness": {"envs", "orchestrator", "trainer", "pretrain", "bench", "cli", "online"},
+    "envs": {"orchestrator", "trainer", "pretrain", "bench", "cli", "config", "online"},
+    "pretrain": {"orchestrator", "trainer", "harness", "bench", "cli", "online"},
+    "trainer": {"orchestrator", "harness", "env", "envs", "bench", "cli", "online"},
+    "sync": {"orchestrator", "trainer", "engine", "harness", "env", "envs", "bench", "cli", "online"},
+    "numerics": {"model", "engine", "trainer", "orchestrator", "online"},
+    "online": {"bench", "cli"},
+    "telemetry": {"orchestrator", "trainer", "engine", "bench", "cli", "online"},
 }
 """Per component folder: the tidal packages it must never import."""
 

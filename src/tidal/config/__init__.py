@@ -21,6 +21,7 @@ from tidal.orchestrator.config import OrchestratorConfig
 from tidal.pretrain.config import PretrainConfig
 from tidal.sync.config import SyncConfig
 from tidal.env.config import EnvConfig
+from tidal.online.config import OnlineConfig
 from tidal.trainer.config import TrainerConfig
 
 
@@ -35,6 +36,7 @@ class TidalConfig(Section):
     pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     sync: SyncConfig = Field(default_factory=SyncConfig)
+    online: OnlineConfig = Field(default_factory=OnlineConfig)
 
     @model_validator(mode="after")
     def _check_cross_section(self) -> "TidalConfig":
