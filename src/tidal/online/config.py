@@ -75,20 +75,22 @@ class RewardConfig(Section):
 class LearnerConfig(Section):
     enabled: bool = True
     """Run the online learner (a child process of ``tidal serve``)."""
-    events_per_step: int = Field(32, ge=2)
+    events_per_step: int = Field(64, ge=2)
     """Feedback events per optimizer step (their rewards' mean is the baseline)."""
-    steps_per_candidate: int = Field(2, ge=1)
+    steps_per_candidate: int = Field(4, ge=1)
     """Optimizer steps before a candidate version is made."""
     candidate_every_s: float = Field(0.0, ge=0)
     """Also make a candidate this often (seconds) once it trained at least one step; 0 = only
     after ``steps_per_candidate``."""
     max_backlog: int = Field(2048, ge=1)
     """Feedback events not yet learned from beyond which /v1/feedback answers 429 + Retry-After."""
-    max_staleness: int = Field(4, ge=0)
+    max_staleness: int = Field(16, ge=0)
     """Drop (and count) events whose response came from a version more than this many learner
     steps behind; the recorded logprobs correct the rest (trainer.off_policy)."""
-    lr: float = Field(1e-4, gt=0)
-    """Learning rate of the online learner (the run's trainer section gives the rest)."""
+    lr: float = Field(4e-4, gt=0)
+    """Learning rate of the online learner (the run's trainer section gives the rest). Measured
+    on the default funcs model with simulated users, serving each version for 4 steps of 64
+    events: 4e-4 gained ~+9 points of pass rate per version, 1e-3 collapsed within 8 steps."""
     threads: int = Field(1, ge=1)
     """torch threads of the learner process (the server keeps the rest)."""
 

@@ -1,0 +1,288 @@
+"""The learner process of ``tidal serve``: feedback -> training -> candidate -> gate -> canary ->
+promoted, or rolled back bit-exact to the incumbent.
+
+    loop (one process, beside the HTTP server; they share only the store and the weight store):
+      learn:    store.learn_events_after(cursor) ──> OnlineLearner.step() every events_per_step
+                ──> after steps_per_candidate steps: publish the weights (tidal.sync) and register
+                    a "candidate" (parent = the live version)
+      gate:     the oldest "candidate" in the registry (the learner's, or one registered by hand)
+                ──> measure it and the incumbent on the same held-out tasks and guard prompts
+                ──> "blocked", or a canary at online.canary.share of traffic
+      canary:   its feedback against the incumbent's since it started (canary_decision, an
+                always-valid sequential test) ──> promote, or roll back
+
+The registry is the only channel to the server: it polls ``live_versions()`` and serves what is
+listed, loading each version through the weight sync, verified against its manifest hash. After a
+rollback (or a blocked candidate of its own) the learner starts again from the live version's
+weights, loaded from the weight store, so it never trains on from a rejected branch.
+
+Version numbers: a candidate is numbered by the learner's trainer version (optimizer steps taken
+on its lineage); after a reset the trainer continues above the highest version in the registry,
+so a number is never given to two different sets of weights.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tidal.online.records import VersionRecord
+
+
+def _jsonable(value: Any) -> Any:
+    if is_dataclass(value):
+        return _jsonable(asdict(value))
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and value != value:
+        return None
+    return value
+
+
+class OnlineLoop:
+    """One learner process's state: the store, the weight store, the learner and the controller.
+
+    cfg: the run's TidalConfig; run_dir: the serving run's folder (``weights/`` is its sync store,
+    ``online_metrics.jsonl`` what the loop did)."""
+
+    def __init__(self, cfg, run_dir: Path, store, registry):
+        from tidal.env.registry import from_config
+        from tidal.model import load_tokenizer
+        from tidal.online.reward import RewardFunction
+        from tidal.online.weights import VersionLoader
+        from tidal.sandbox import Sandbox
+
+        self.cfg = cfg
+        self.oc = cfg.online
+        self.run_dir = Path(run_dir)
+        self.store = store
+        self.registry = registry
+        self.weights_root = self.run_dir / "weights"
+        self.loader = VersionLoader(self.weights_root)
+        self.tokenizer = load_tokenizer(self.run_dir / "tokenizer") if (self.run_dir / "tokenizer").is_dir() else load_tokenizer(None)
+        self.env = from_config(cfg.env, Sandbox(cfg.env.sandbox))
+        self.heldout = self.env.sample_tasks(self.oc.gate.heldout_tasks, cfg.orchestrator.heldout_seed, True)
+        self.guard_prompts = [self.tokenizer.encode(t.prompt) if hasattr(t, "prompt") else None
+                              for t in self.heldout[: self.oc.gate.guard_prompts]]
+        self.reward = RewardFunction(self.oc.reward)
+        self.cursor = store.learned_through()
+        self.metrics_path = self.run_dir / "online_metrics.jsonl"
+        self._measured: dict[int, Any] = {}
+        """GateMeasurement per version (the incumbent's is measured once)."""
+        self._own_candidate: int | None = None
+        self._steps_since_candidate = 0
+        self.base: VersionRecord | None = None
+        self.learner = None
+        self._reset_to_live()
+
+    # ---------------------------------------------------------------- the learner's weights
+
+    def _live(self) -> VersionRecord:
+        live = [r for r in self.registry.live_versions() if r.status == "live"]
+        if not live:
+            raise RuntimeError("the version registry has no live version; tidal serve registers "
+                               "the first one when it starts")
+        return live[0]
+
+    def _load(self, record: VersionRecord, dtype=torch.float32):
+        return self.loader.load(record.version, record.manifest_sha256, dtype=dtype)
+
+    def _reset_to_live(self) -> None:
+        """A fresh learner on the live version's weights (verified against its manifest)."""
+        from tidal.online.learner import OnlineLearner
+        from tidal.trainer.trainer import Trainer
+
+        live = self._live()
+        model = self._load(live)
+        lc = self.oc.learner
+        trainer_cfg = self.cfg.trainer.model_copy(update={"lr": lc.lr})
+        trainer = Trainer(model, trainer_cfg, temperature=self.cfg.engine.temperature,
+                          pad_id=self.tokenizer.pad_id, numerics=self.cfg.engine.numerics)
+        trainer.version = max([r.version for r in self.registry.all()] + [live.version])
+        self.base = live
+        self.learner = OnlineLearner(trainer, self.reward, lc)
+        self._steps_since_candidate = 0
+        self._own_candidate = None
+        self._log({"kind": "learner_reset", "base_version": live.version,
+                   "trainer_version": trainer.version})
+
+    # ---------------------------------------------------------------- one tick
+
+    def tick(self) -> bool:
+        """Learn from new feedback, then move the registry's candidates and canary along.
+        Returns whether anything happened (the caller sleeps otherwise)."""
+        did = self._learn() if self.oc.learner.enabled else False
+        did |= self._maybe_make_candidate()
+        did |= self._advance_canary()
+        did |= self._gate_next_candidate()
+        return did
+
+    def _learn(self) -> bool:
+        events = self.store.learn_events_after(self.cursor, 4 * self.oc.learner.events_per_step)
+        if events:
+            self.learner.add(events)
+            self.cursor = events[-1].seq
+        stepped = False
+        while self.learner.ready():
+            stats = self.learner.step()
+            self._steps_since_candidate += 1
+            stepped = True
+            self._log({"kind": "learn_step", "trainer_version": self.learner.trainer.version,
+                       **_jsonable(stats)})
+        if events or stepped:
+            self.store.set_learned_through(self.cursor, self.learner.trainer.version)
+        return bool(events) or stepped
+
+    def _in_flight(self) -> bool:
+        return any(r.status in ("candidate", "canary") for r in self.registry.all())
+
+    def _maybe_make_candidate(self) -> bool:
+        lc = self.oc.learner
+        if not lc.enabled or self._steps_since_candidate < lc.steps_per_candidate or self._in_flight():
+            return False
+        from tidal.online.weights import publish_model
+
+        trainer = self.learner.trainer
+        version = trainer.version
+        digest = publish_model(trainer.model, self.weights_root, version, self.cfg.model.dtype)
+        self.registry.register(VersionRecord(
+            version=version, parent=self.base.version, manifest_sha256=digest, status="candidate",
+            created=time.time(), weights=str(self.weights_root),
+            note=f"online learner: {self._steps_since_candidate} steps on {self.base.version}"))
+        self._own_candidate = version
+        self._steps_since_candidate = 0
+        self._log({"kind": "candidate", "version": version, "parent": self.base.version,
+                   "manifest_sha256": digest})
+        return True
+
+    # ---------------------------------------------------------------- the gate
+
+    def _gate_next_candidate(self) -> bool:
+        if any(r.status == "canary" for r in self.registry.all()):
+            return False
+        candidates = sorted((r for r in self.registry.all() if r.status == "candidate"),
+                            key=lambda r: r.created)
+        if not candidates:
+            return False
+        record = candidates[0]
+        if not self.oc.gate.enabled:
+            self._start_canary(record, {"skipped": "online.gate.enabled = false"})
+            return True
+        from tidal.online.gate import gate_verdict
+
+        live = self._live()
+        try:
+            cand = self._measure(record)
+        except Exception as err:  # a candidate whose weights fail verification never serves
+            self.registry.update(record.version, status="blocked",
+                                 gate={"passed": False, "error": str(err)})
+            self._log({"kind": "gate", "version": record.version, "passed": False, "error": str(err)})
+            self._after_rejection(record)
+            return True
+        inc = self._measure(live)
+        result = gate_verdict(cand, inc, self.oc.gate)
+        gate = {"passed": result.passed, "incumbent": live.version, "tests": _jsonable(result.tests)}
+        self._log({"kind": "gate", "version": record.version, **gate})
+        if result.passed:
+            self._start_canary(record, gate)
+        else:
+            self.registry.update(record.version, status="blocked", gate=gate)
+            self._after_rejection(record)
+        return True
+
+    def _measure(self, record: VersionRecord):
+        """The gate's measurement of one version (cached: the same seeds give the same result)."""
+        if record.version in self._measured:
+            return self._measured[record.version]
+        from tidal.engine.engine import Engine
+        from tidal.online.gate import measure
+
+        model = self._load(record, dtype=getattr(torch, self.cfg.model.dtype))
+        engine = Engine(model, self.tokenizer, self.cfg.engine, version=record.version)
+        prompts = [p for p in self.guard_prompts if p is not None]
+        result = measure(engine, self.env, self.heldout, prompts, self.cfg.harness,
+                         seed=self.cfg.run.seed)
+        self._measured[record.version] = result
+        return result
+
+    def _start_canary(self, record: VersionRecord, gate: dict) -> None:
+        self.registry.update(record.version, gate=gate)
+        self.registry.start_canary(record.version, self.oc.canary.share)
+        started = self.store.max_feedback_seq()
+        self.registry.update(record.version, canary={"started_seq": started,
+                                                     "started": time.time()})
+        self._log({"kind": "canary_start", "version": record.version,
+                   "share": self.oc.canary.share, "started_seq": started})
+
+    # ---------------------------------------------------------------- the canary
+
+    def _advance_canary(self) -> bool:
+        from tidal.online.canary import canary_decision
+
+        canaries = [r for r in self.registry.all() if r.status == "canary"]
+        if not canaries:
+            return False
+        record = canaries[0]
+        live = self._live()
+        since = int(record.canary.get("started_seq", 0))
+        cand = self.store.outcomes(record.version, since)
+        inc = self.store.outcomes(live.version, since)
+        decision = canary_decision(cand, inc, self.oc.canary, self.reward)
+        if decision.action == "continue":
+            return False
+        canary = {**record.canary, "decision": decision.action, "reason": decision.reason,
+                  "stats": _jsonable(decision.stats), "incumbent": live.version,
+                  "decided": time.time()}
+        self.registry.update(record.version, canary=canary)
+        self._log({"kind": "canary_decision", "version": record.version, **canary})
+        if decision.action == "promote":
+            self.registry.promote(record.version)
+            self._measured.pop(live.version, None)
+            if record.version != self._own_candidate:
+                self._reset_to_live()  # someone else's version is live now: learn on from it
+            else:
+                self.base = self._live()
+                self._own_candidate = None
+        else:
+            self.registry.rollback(record.version)
+            self._after_rejection(record)
+        return True
+
+    def _after_rejection(self, record: VersionRecord) -> None:
+        """The learner's own candidate failed: start again from the live version's weights."""
+        if record.version == self._own_candidate:
+            self._reset_to_live()
+
+    # ---------------------------------------------------------------- records
+
+    def _log(self, record: dict) -> None:
+        record = {"time": time.time(), **record}
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(_jsonable(record)) + "\n")
+
+    def run(self, stop) -> None:
+        """Tick until ``stop`` (an Event) is set."""
+        while not stop.is_set():
+            if not self.tick():
+                stop.wait(0.2)
+
+
+def learner_main(cfg_json: str, run_dir: str, database_url: str, stop=None) -> None:
+    """Entry point of the learner child process (spawned by ``tidal serve``)."""
+    import threading
+
+    from tidal.config import TidalConfig
+    from tidal.online.store import OnlineStore, VersionRegistry
+
+    cfg = TidalConfig.model_validate_json(cfg_json)
+    torch.set_num_threads(cfg.online.learner.threads)
+    store = OnlineStore.open(database_url, Path(run_dir))
+    loop = OnlineLoop(cfg, Path(run_dir), store, VersionRegistry(store))
+    loop.run(stop or threading.Event())
