@@ -16,8 +16,9 @@ from tidal.trainer.config import TrainerConfig
 from tidal.trainer.grpo import token_logprobs
 from tidal.trainer.trainer import Trainer
 
-TINY = dict(vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-            num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64)
+TINY = {"vocab_size": 260, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+        "max_position_embeddings": 64}
 TOK = ByteTokenizer()
 PROMPTS = ["def f(x):\n", "# add 3\n", "x = ", "# Task: negate it.\n"]
 
