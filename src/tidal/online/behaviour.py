@@ -20,7 +20,7 @@ from tidal.env.toolcall import CALL_OPEN, MalformedCall, parse_call
 MAX_CALL_CHARS = 4096
 CODE_LINE = re.compile(
     r"^\s*(return\b|def |class |if |for |while |import |from |raise |yield\b|pass\b|"
-    r"[A-Za-z_][A-Za-z_0-9\.\[\], ]*\s*[-+*/%|&^]?=[^=])", re.MULTILINE)
+    r"[A-Za-z_][A-Za-z_0-9\.\[\], ]*\s*[-+*/%|&^]?=[^=])", re.M)
 
 
 def classify(text: str) -> str:

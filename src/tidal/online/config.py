@@ -129,7 +129,7 @@ class OnlineConfig(Section):
     canary: CanaryConfig = Field(default_factory=CanaryConfig)
 
     @model_validator(mode="after")
-    def _check(self) -> OnlineConfig:
+    def _check(self) -> "OnlineConfig":
         if self.canary.max_events < self.canary.min_events:
             raise ValueError(f"online.canary.max_events ({self.canary.max_events}) is below "
                              f"online.canary.min_events ({self.canary.min_events})")
