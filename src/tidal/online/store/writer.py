@@ -132,13 +132,13 @@ class GroupCommitter:
                 fut.set_exception(e)
             return
         self.batches += 1
-        for (kind, _, fut), result in zip(batch, results):
+        self._backlog += sum(r.count("stored") for (kind, _, _), r in zip(batch, results)
+                             if kind == "feedback" and not isinstance(r, Exception))
+        for (_, _, fut), result in zip(batch, results):
             if isinstance(result, Exception):
                 fut.set_exception(result)
             else:
                 fut.set_result(result)
-                if kind == "feedback":
-                    self._backlog += result.count("stored")
 
     def _refresh_backlog(self) -> None:
         now = time.monotonic()
