@@ -12,6 +12,7 @@ is shared by every module that imports it).
 
 from __future__ import annotations
 
+import atexit
 import glob
 import itertools
 import os
@@ -60,6 +61,7 @@ class PostgresServer:
             shutil.chown(self.root, "postgres", "postgres")
         self._names = itertools.count()
         self.port = 0
+        atexit.register(self.stop)  # also when the session is interrupted
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
                   "--no-sync", "--no-instructions")
         self._start()
@@ -100,6 +102,8 @@ class PostgresServer:
         return self.url(name)
 
     def stop(self) -> None:
+        if not self.root.exists():
+            return
         try:
             self._run("pg_ctl", "stop", "-D", str(self.data), "-m", "immediate", "-w")
         finally:
