@@ -17,6 +17,8 @@ BENCHMARKS = {
                  "engine-vs-trainer logprob mismatch and tokens/s: deterministic vs fast numerics"),
     "horizon": ("tidal.bench.horizon_bench", "long-horizon success: RL with self-summarization vs a sliding window"),
     "sync": ("tidal.bench.sync_bench", "weight sync: delta codec vs XOR+zstd and the entropy bound; WAN vs rsync"),
+    "online": ("tidal.bench.online_bench",
+               "real-time RL: serving vs generate(), feedback ingest and kill -9, the online cycle, bad candidates"),
     "multiturn": ("tidal.bench.multiturn_bench",
                   "multi-turn rollout time with the engine's prefix cache vs prefilling every turn"),
 }

@@ -69,8 +69,8 @@ class OnlineLoop:
         self.tokenizer = load_tokenizer(self.run_dir / "tokenizer") if (self.run_dir / "tokenizer").is_dir() else load_tokenizer(None)
         self.env = from_config(cfg.env, Sandbox(cfg.env.sandbox))
         self.heldout = self.env.sample_tasks(self.oc.gate.heldout_tasks, cfg.orchestrator.heldout_seed, True)
-        self.guard_prompts = [self.tokenizer.encode(t.prompt) if hasattr(t, "prompt") else None
-                              for t in self.heldout[: self.oc.gate.guard_prompts]]
+        self.guard_prompts = [t.prompt for t in self.heldout[: self.oc.gate.guard_prompts]]
+        """Text prompts (the held-out tasks'), encoded with BOS as the harness and server do."""
         self.reward = RewardFunction(self.oc.reward)
         self.cursor = store.learned_through()
         self.metrics_path = self.run_dir / "online_metrics.jsonl"
@@ -173,7 +173,7 @@ class OnlineLoop:
             return False
         record = candidates[0]
         if not self.oc.gate.enabled:
-            self._start_canary(record, {"skipped": "online.gate.enabled = false"})
+            self._start_canary(record, {"verdict": "skipped", "reason": "online.gate.enabled = false"})
             return True
         from tidal.online.gate import gate_verdict
 
@@ -182,13 +182,14 @@ class OnlineLoop:
             cand = self._measure(record)
         except Exception as err:  # a candidate whose weights fail verification never serves
             self.registry.update(record.version, status="blocked",
-                                 gate={"passed": False, "error": str(err)})
+                                 gate={"verdict": "blocked", "passed": False, "error": str(err)})
             self._log({"kind": "gate", "version": record.version, "passed": False, "error": str(err)})
             self._after_rejection(record)
             return True
         inc = self._measure(live)
         result = gate_verdict(cand, inc, self.oc.gate)
-        gate = {"passed": result.passed, "incumbent": live.version, "tests": _jsonable(result.tests)}
+        gate = {"verdict": "passed" if result.passed else "blocked", "passed": result.passed,
+                "incumbent": live.version, "tests": _jsonable(result.tests)}
         self._log({"kind": "gate", "version": record.version, **gate})
         if result.passed:
             self._start_canary(record, gate)
@@ -206,8 +207,7 @@ class OnlineLoop:
 
         model = self._load(record, dtype=getattr(torch, self.cfg.model.dtype))
         engine = Engine(model, self.tokenizer, self.cfg.engine, version=record.version)
-        prompts = [p for p in self.guard_prompts if p is not None]
-        result = measure(engine, self.env, self.heldout, prompts, self.cfg.harness,
+        result = measure(engine, self.env, self.heldout, self.guard_prompts, self.cfg.harness,
                          seed=self.cfg.run.seed)
         self._measured[record.version] = result
         return result

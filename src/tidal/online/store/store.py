@@ -112,6 +112,12 @@ class OnlineStore:
             return conn.execute(sa.select(sa.func.count()).select_from(feedback)
                                 .where(feedback.c.seq > cursor)).scalar_one()
 
+    def max_feedback_seq(self) -> int:
+        """The newest stored feedback event's seq (0 when none): where a canary's comparison
+        starts, so both sides are counted over the same stretch of traffic."""
+        with read_tx(self.engine) as conn:
+            return conn.execute(sa.select(sa.func.coalesce(sa.func.max(feedback.c.seq), 0))).scalar_one()
+
     def learn_events_after(self, seq: int, limit: int) -> list[LearnEvent]:
         """Up to ``limit`` feedback events with seq > ``seq``, each joined to its response."""
         q = (sa.select(feedback.c.seq, feedback.c.response_id, feedback.c.signal, feedback.c.value,
