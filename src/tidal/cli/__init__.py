@@ -11,10 +11,10 @@ import argparse
 import os
 import sys
 
-from tidal.cli import bench, doctor, run, sandbox, sync  # noqa: E402
+from tidal.cli import bench, doctor, run, sandbox, serve, sync  # noqa: E402
 from tidal.errors import UserError  # noqa: E402
 
-COMMAND_GROUPS = (run, bench, sandbox, sync, doctor)
+COMMAND_GROUPS = (run, bench, sandbox, sync, serve, doctor)
 """Modules that each contribute subcommands through ``add_parsers(subparsers)``."""
 
 ALONE_ON_THE_MACHINE = {"pretrain"}

@@ -1,0 +1,160 @@
+"""`tidal serve`: the policy over an OpenAI-compatible HTTP API (docs: src/tidal/online/).
+
+    tidal serve [CONFIG.toml] --checkpoint DIR [--run-dir RUN_DIR] [--host H] [--port P]
+        publish DIR as version 0 into RUN_DIR/weights (RUN_DIR: runs/serve-<timestamp>), serve it
+    tidal serve [CONFIG.toml] --run-dir RUN_DIR
+        serve the run's live version (RUN_DIR/weights)
+
+``build_server`` assembles the parts (weights, policy server, store, app) and ``run_server``
+runs them under uvicorn until SIGTERM/SIGINT (graceful: requests in flight finish), so the
+learner process and the durable store can be added beside them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from tidal.errors import UserError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                   "tidal_tokenizer.txt", "special_tokens_map.json")
+"""Files of a checkpoint folder copied to RUN_DIR/tokenizer, so --run-dir finds them again."""
+
+
+@dataclass
+class ServerParts:
+    """What ``run_server`` runs. ``store`` is both the recorder and the feedback sink;
+    ``live_versions()`` returns the registry's records (live and canary) the app polls;
+    ``closers`` run after the server stopped."""
+
+    cfg: Any
+    run_dir: Path
+    app: Any
+    policy: Any
+    store: Any
+    live_versions: Callable
+    version: int
+    manifest_sha256: str
+    host: str
+    port: int
+    closers: list[Callable] = field(default_factory=list)
+
+
+def _copy_tokenizer(checkpoint: Path, run_dir: Path) -> Path:
+    out = run_dir / "tokenizer"
+    out.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if (checkpoint / name).is_file():
+            shutil.copy2(checkpoint / name, out / name)
+    return out
+
+
+def _initial_records(cfg, run_dir: Path, checkpoint: Path | None) -> list:
+    """The registry's live record: version 0 published from ``checkpoint``, or the run's own."""
+    from tidal.online.records import VersionRecord
+    from tidal.online.weights import manifest_digest, publish_checkpoint
+    from tidal.sync.store import VersionStore
+
+    store_root = run_dir / "weights"
+    latest = VersionStore(store_root).latest() if store_root.is_dir() else None
+    if checkpoint is not None:
+        if not (checkpoint / "config.json").is_file():
+            raise UserError(f"--checkpoint {checkpoint}: not a checkpoint folder (no config.json)")
+        if latest is not None:
+            raise UserError(f"{store_root} already holds versions (newest {latest}): serve them "
+                            "with --run-dir alone, or give --checkpoint a new --run-dir")
+        sha = publish_checkpoint(checkpoint, store_root, 0, cfg.model.dtype, cfg.sync)
+        return [VersionRecord(0, None, sha, "live", time.time(), weights=str(store_root), share=1.0,
+                              note=f"published from {checkpoint}")]
+    if latest is None:
+        raise UserError(f"{run_dir} has no published versions (no {store_root}/LATEST): start "
+                        "with --checkpoint DIR")
+    # >>> REGISTRY PLUG-IN: once tidal.online.store exists, read the live (+ canary) records from
+    # the run's version registry here. Until then the newest published version is live, named by
+    # the digest of its own manifest (the puller still checks every tensor against it).
+    sha = manifest_digest(store_root, latest)
+    return [VersionRecord(latest, None, sha, "live", time.time(), weights=str(store_root), share=1.0)]
+
+
+def build_server(cfg, run_dir: str | Path, checkpoint: str | Path | None = None,
+                 host: str | None = None, port: int | None = None) -> ServerParts:
+    """Publish/find the weights, load the live version (digest checked), and build the app."""
+    from tidal.model.tokenizer import load_tokenizer
+    from tidal.online.api import create_app
+    from tidal.online.api.chat import ChatTemplate
+    from tidal.online.memory import MemoryStore
+    from tidal.online.serving import PolicyServer
+    from tidal.online.weights import VersionLoader
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = Path(checkpoint) if checkpoint is not None else None
+    records = _initial_records(cfg, run_dir, checkpoint)
+    tok_dir = _copy_tokenizer(checkpoint, run_dir) if checkpoint is not None else run_dir / "tokenizer"
+    loader = VersionLoader(run_dir / "weights", cfg.sync)
+    online = cfg.online
+    policy = PolicyServer(cfg.engine, load_tokenizer(tok_dir), loader, cfg.model.dtype,
+                          online.canary.share, cfg.run.seed, ChatTemplate.from_checkpoint(tok_dir))
+    policy.refresh(records)
+    if policy.live is None:
+        loader.close()
+        errors = "; ".join(e["message"] for e in policy.errors) or "unknown reason"
+        raise UserError(f"no version could be served: {errors}")
+    # >>> DURABLE STORE PLUG-IN: replace MemoryStore by tidal.online.store (SQLite in RUN_DIR, or
+    # online.store.database_url) — the same record / submit / retry_after interface — and make
+    # live_versions read its registry.
+    store = MemoryStore(max_backlog=online.learner.max_backlog)
+
+    def live_versions():
+        return records
+
+    app = create_app(online, policy, store, store, live_versions)
+    return ServerParts(cfg, run_dir, app, policy, store, live_versions, policy.live,
+                       policy.sha_of(policy.live), host or online.serve.host,
+                       online.serve.port if port is None else port, [loader.close])
+
+
+def run_server(parts: ServerParts) -> None:
+    """Serve until SIGTERM/SIGINT (uvicorn's graceful shutdown), then close the parts."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            if self.started:
+                port = self.servers[0].sockets[0].getsockname()[1] if self.servers else parts.port
+                print(f"tidal serve: listening on http://{parts.host}:{port} (version "
+                      f"{parts.version}, sha {parts.manifest_sha256})", flush=True)
+
+    config = uvicorn.Config(parts.app, host=parts.host, port=parts.port, log_level="warning",
+                            timeout_graceful_shutdown=30)
+    try:
+        Server(config).run()
+    finally:
+        for close in parts.closers:
+            close()
+
+
+def cmd_serve(args, rest) -> int:
+    from tidal.config import load_config
+
+    if args.checkpoint is None and args.run_dir is None:
+        raise UserError("give --checkpoint DIR (serve a checkpoint) or --run-dir DIR (serve a run)")
+    cfg = load_config(args.config, rest)
+    run_dir = Path(args.run_dir or f"runs/serve-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_server(build_server(cfg, run_dir, args.checkpoint, args.host, args.port))
+    return 0
+
+
+def add_parsers(sub) -> None:
+    s = sub.add_parser("serve", help="serve the policy over an OpenAI-compatible HTTP API")
+    s.add_argument("config", nargs="?", help="TOML recipe (default: the built-in recipe)")
+    s.add_argument("--checkpoint", help="Hugging Face checkpoint folder: published as version 0")
+    s.add_argument("--run-dir", help="run folder (weights, store); default runs/serve-<timestamp>")
+    s.add_argument("--host", help="listen address (default online.serve.host)")
+    s.add_argument("--port", type=int, help="port (default online.serve.port; 0 = any free one)")
+    s.set_defaults(fn=cmd_serve)
