@@ -168,7 +168,7 @@ class PolicyServer:
             self._fail(held, NotServing("the server is shutting down"))
 
     def pause(self) -> None:
-        """Hold the step thread between steps (requests queue up; tests, maintenance)."""
+        """Hold the step thread between steps: new requests wait in its inbox (tests, maintenance)."""
         self._paused = True
 
     def resume(self) -> None:
@@ -321,10 +321,13 @@ class PolicyServer:
     def _run(self) -> None:
         while not self._stopping:
             self._wake.clear()
+            if self._paused:  # new requests stay in the inbox, the engines stay as they are
+                self._wake.wait(0.5)
+                continue
             self._drain_inbox()
             with self._lock:
                 held = list(self._held.values())
-            busy = [] if self._paused else [h for h in held if h.engine.has_work]
+            busy = [h for h in held if h.engine.has_work]
             if not busy:
                 self._drop_idle()
                 self._wake.wait(0.5)

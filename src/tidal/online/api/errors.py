@@ -33,16 +33,22 @@ def error_response(status: int, message: str, type: str = "invalid_request_error
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "json-or-python"}
+
+
+def _is_tag(part: str) -> bool:
+    """pydantic names the union member it tried (``constrained-str``, ``list[int]``) in the
+    location; no field of a body is spelled like that."""
+    return part in TYPE_TAGS or "[" in part or "-" in part or part.startswith("function")
+
+
 def _loc(loc: tuple) -> str:
-    """("messages", 0, "content") -> "messages[0].content"; union branch tags are dropped."""
+    """("messages", 0, "content") -> "messages[0].content", union member tags dropped."""
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "list[int]")
-                                        or part.startswith(("function-", "list["))):
-            continue  # pydantic names the union member it tried; not a field of the body
-        else:
+        elif not _is_tag(part):
             out += f".{part}" if out else str(part)
     return out
 
@@ -54,7 +60,9 @@ def _shown(value) -> str:
 
 def from_validation(err: ValidationError) -> ApiError:
     """The first problem of a pydantic error, as a 400 naming its field."""
-    first = err.errors(include_url=False)[0]
+    errors = err.errors(include_url=False)
+    # Of a union's errors, the deepest is the member the client meant (a list with a bad item).
+    first = max(errors, key=lambda e: len(_loc(e["loc"])))
     kind, param = first["type"], _loc(first["loc"]) or None
     if kind == "json_invalid":
         return ApiError(400, f"the body is not valid JSON: {first['msg']}", code="invalid_json")
