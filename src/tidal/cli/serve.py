@@ -13,6 +13,7 @@ learner process and the durable store can be added beside them.
 from __future__ import annotations
 
 import shutil
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,9 +133,14 @@ def run_server(parts: ServerParts) -> None:
 
     config = uvicorn.Config(parts.app, host=parts.host, port=parts.port, log_level="warning",
                             timeout_graceful_shutdown=30)
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again under the
+    # handler it found: a quiet one here, so a requested stop exits with status 0.
+    quiet = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         Server(config).run()
     finally:
+        for sig, handler in quiet.items():
+            signal.signal(sig, handler)
         for close in parts.closers:
             close()
 

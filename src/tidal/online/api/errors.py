@@ -61,8 +61,9 @@ def _shown(value) -> str:
 def from_validation(err: ValidationError) -> ApiError:
     """The first problem of a pydantic error, as a 400 naming its field."""
     errors = err.errors(include_url=False)
-    # Of a union's errors, the deepest is the member the client meant (a list with a bad item).
-    first = max(errors, key=lambda e: len(_loc(e["loc"])))
+    # Of a union's errors, the member the client meant: the deepest (a list with a bad item),
+    # then one that is not a plain type mismatch (a list that is too long).
+    first = max(errors, key=lambda e: (len(_loc(e["loc"])), not e["type"].endswith("_type")))
     kind, param = first["type"], _loc(first["loc"]) or None
     if kind == "json_invalid":
         return ApiError(400, f"the body is not valid JSON: {first['msg']}", code="invalid_json")
