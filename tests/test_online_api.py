@@ -107,7 +107,7 @@ def test_completion_n2_logprobs_fields_and_records(served):
         assert rec.text == c.text and rec.temperature == 0.8
         assert c.logprobs.token_logprobs == rec.logprobs[: len(c.logprobs.token_logprobs)]
         assert all(lp <= 0 for lp in c.logprobs.token_logprobs)
-        assert [list(d.values())[0] for d in c.logprobs.top_logprobs] == c.logprobs.token_logprobs
+        assert [next(iter(d.values())) for d in c.logprobs.top_logprobs] == c.logprobs.token_logprobs
     assert r.choices[0].text != r.choices[1].text  # seeds 3 and 4: two different samples
     assert r.usage.prompt_tokens == 6
 
@@ -138,7 +138,7 @@ def test_stop_string_cuts_text(served):
 
 
 def test_stream_completion_equals_non_stream(served):
-    kw = dict(model="tidal", prompt="x = ", max_tokens=12, temperature=0.9, seed=11)
+    kw = {"model": "tidal", "prompt": "x = ", "max_tokens": 12, "temperature": 0.9, "seed": 11}
     whole = served.client.completions.create(**kw).choices[0]
     chunks = list(served.client.completions.create(stream=True, **kw))
     assert all(ch.tidal_version == 0 and ch.tidal_manifest_sha256 == served.sha for ch in chunks)
@@ -170,7 +170,8 @@ def test_chat_logprobs_and_record(served):
 
 
 def test_chat_stream_equals_non_stream_n2(served):
-    kw = dict(model="tidal", messages=MESSAGES, max_tokens=10, temperature=1.0, seed=5, n=2)
+    kw = {"model": "tidal", "messages": MESSAGES, "max_tokens": 10, "temperature": 1.0, "seed": 5,
+          "n": 2}
     whole = served.client.chat.completions.create(**kw)
     texts = ["", ""]
     finish = [None, None]

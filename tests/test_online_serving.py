@@ -19,8 +19,13 @@ from tidal.model.qwen3 import build_model
 from tidal.model.tokenizer import ByteTokenizer
 from tidal.online.records import VersionRecord
 from tidal.online.serving import PolicyServer, Sampling
-from tidal.online.weights import (VersionLoader, WeightsMismatch, publish_model, tensors_digest,
-                                  weights_digest)
+from tidal.online.weights import (
+    VersionLoader,
+    WeightsMismatch,
+    publish_model,
+    tensors_digest,
+    weights_digest,
+)
 from tidal.sync.config import SyncConfig
 from tidal.sync.store import VersionStore
 from tidal.sync.tensors import bits_of
@@ -68,7 +73,7 @@ def test_digest_same_for_delta_and_anchor_and_bytes(store):
 
 
 def test_loading_back_is_bit_exact_including_rollback(store):
-    root, models, shas, loader = store
+    _, models, shas, loader = store
     for v in (2, 0, 1, 0):  # forward, back to the first (a rollback), and again
         assert bit_equal(loader.load(v, shas[v], "float32"), models[v])
 
@@ -179,7 +184,7 @@ def test_swap_in_flight_finishes_on_its_version(store):
     gen, events, old, new = asyncio.run(main())
     assert gen.version == 0 and all(set(r.versions) == {0} for r in old)
     for i, r in enumerate(old):  # the streamed deltas add up to each choice's tokens
-        assert sum((e.token_ids for e in events if e.index == i), []) == r.token_ids
+        assert [t for e in events if e.index == i for t in e.token_ids] == r.token_ids
     assert set(new[0].versions) == {2}
     assert [v["version"] for v in policy.status()["versions"]] == [2]
 

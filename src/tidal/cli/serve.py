@@ -15,9 +15,10 @@ from __future__ import annotations
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tidal.errors import UserError
 

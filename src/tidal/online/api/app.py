@@ -26,7 +26,12 @@ from starlette.exceptions import HTTPException
 
 from tidal.online.api import render
 from tidal.online.api.chat import ChatTemplate, ChatTemplateError
-from tidal.online.api.errors import ApiError, error_response, from_validation, retry_header
+from tidal.online.api.errors import (
+    ApiError,
+    error_response,
+    from_validation,
+    retry_header,
+)
 from tidal.online.api.schemas import ChatRequest, CompletionRequest, FeedbackRequest
 from tidal.online.config import OnlineConfig
 from tidal.online.records import FeedbackEvent

@@ -66,7 +66,7 @@ class ChatTemplate:
         return "hf" if self._compiled is not None else "plain"
 
     @classmethod
-    def from_checkpoint(cls, folder: str | Path | None) -> "ChatTemplate":
+    def from_checkpoint(cls, folder: str | Path | None) -> ChatTemplate:
         """The template of a checkpoint folder's tokenizer_config.json (or chat_template.jinja),
         else the plain one."""
         if folder is None:
