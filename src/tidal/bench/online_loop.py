@@ -125,4 +125,4 @@ def final_status(records, version: int, timeout_s: float) -> VersionRecord | Non
 
 def load_live_model(loader, registry) -> torch.nn.Module:
     live = [r for r in registry.live_versions() if r.status == "live"][0]
-    return loader.load(live.version, live.manifest_sha256, dtype=torch.float32)
+    return loader.load(live.version, live.manifest_sha256, "float32")

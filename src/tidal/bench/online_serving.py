@@ -33,7 +33,7 @@ async def _completions(url: str, model: str, prompts: list[str], concurrency: in
         while queue:
             i, prompt = queue.pop(0)
             body = {"model": model, "prompt": prompt, "max_tokens": new_tokens,
-                    "ignore_eos": True, "stop": None, "seed": seed + i}
+                    "ignore_eos": True, "stop": [], "seed": seed + i}
             t = time.perf_counter()
             async with session.post(f"{url}/v1/completions", json=body) as r:
                 data = await r.json()

@@ -140,6 +140,19 @@ class Engine:
                     self._finished_elsewhere.append(result)
         return [done[i] for i in ids]
 
+    def progress(self, request_ids) -> dict[int, tuple[list[int], list[float]]]:
+        """Tokens and sampling logprobs generated so far by the running requests among
+        ``request_ids`` (streaming reads this between steps; waiting and finished ones are
+        absent). Costs nothing per step: it reads the slot tensors only when called."""
+        wanted = set(request_ids)
+        out = {}
+        for slot, seq in self._running.items():
+            if seq.request_id in wanted:
+                end = int(self._state.length[slot])
+                out[seq.request_id] = (self._state.tokens[slot, seq.prompt_len:end].tolist(),
+                                       self._state.logprobs[slot, seq.prompt_len:end].tolist())
+        return out
+
     def load_weights(self, weights: nn.Module | dict[str, torch.Tensor], version: int) -> None:
         """Copy new weights (a model or its state_dict, same architecture) into the engine's model
         in place. In-flight requests continue; their later tokens record ``version``."""

@@ -91,8 +91,9 @@ class OnlineLoop:
                                "the first one when it starts")
         return live[0]
 
-    def _load(self, record: VersionRecord, dtype=torch.float32):
-        return self.loader.load(record.version, record.manifest_sha256, dtype=dtype)
+    def _load(self, record: VersionRecord, dtype: str = "float32"):
+        """A version's weights through the weight sync, verified against its manifest hash."""
+        return self.loader.load(record.version, record.manifest_sha256, dtype)
 
     def _reset_to_live(self) -> None:
         """A fresh learner on the live version's weights (verified against its manifest)."""
@@ -205,7 +206,7 @@ class OnlineLoop:
         from tidal.engine.engine import Engine
         from tidal.online.gate import measure
 
-        model = self._load(record, dtype=getattr(torch, self.cfg.model.dtype))
+        model = self._load(record, self.cfg.model.dtype)
         engine = Engine(model, self.tokenizer, self.cfg.engine, version=record.version)
         result = measure(engine, self.env, self.heldout, self.guard_prompts, self.cfg.harness,
                          seed=self.cfg.run.seed)
@@ -274,6 +275,21 @@ class OnlineLoop:
                 stop.wait(0.2)
 
 
+def _exit_with_parent() -> None:
+    """A learner whose server died (kill -9 leaves no time to stop it) exits too."""
+    import os
+    import threading
+
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
 def learner_main(cfg_json: str, run_dir: str, database_url: str, stop=None) -> None:
     """Entry point of the learner child process (spawned by ``tidal serve``)."""
     import threading
@@ -283,6 +299,7 @@ def learner_main(cfg_json: str, run_dir: str, database_url: str, stop=None) -> N
 
     cfg = TidalConfig.model_validate_json(cfg_json)
     torch.set_num_threads(cfg.online.learner.threads)
+    _exit_with_parent()
     store = OnlineStore.open(database_url, Path(run_dir))
     loop = OnlineLoop(cfg, Path(run_dir), store, VersionRegistry(store))
     loop.run(stop or threading.Event())

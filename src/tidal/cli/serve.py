@@ -1,0 +1,196 @@
+"""`tidal serve`: the policy over an OpenAI-compatible HTTP API (docs: src/tidal/online/).
+
+    tidal serve [CONFIG.toml] --checkpoint DIR [--run-dir RUN_DIR] [--host H] [--port P]
+        publish DIR as version 0 into RUN_DIR/weights (RUN_DIR: runs/serve-<timestamp>), serve it
+    tidal serve [CONFIG.toml] --run-dir RUN_DIR
+        serve the run's live version (RUN_DIR/weights)
+
+``build_server`` assembles the parts (the run's store and version registry, weights, policy
+server, a group-committing writer, the app), ``start_learner`` the learner process beside them
+(tidal.online.service: learning, gate, canary), and ``run_server`` runs them under uvicorn until
+SIGTERM/SIGINT (graceful: requests in flight finish, queued writes commit).
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tidal.errors import UserError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                   "tidal_tokenizer.txt", "special_tokens_map.json")
+"""Files of a checkpoint folder copied to RUN_DIR/tokenizer, so --run-dir finds them again."""
+
+
+@dataclass
+class ServerParts:
+    """What ``run_server`` runs. ``store`` is both the recorder and the feedback sink;
+    ``live_versions()`` returns the registry's records (live and canary) the app polls;
+    ``closers`` run after the server stopped."""
+
+    cfg: Any
+    run_dir: Path
+    app: Any
+    policy: Any
+    store: Any
+    live_versions: Callable
+    version: int
+    manifest_sha256: str
+    host: str
+    port: int
+    closers: list[Callable] = field(default_factory=list)
+
+
+def _copy_tokenizer(checkpoint: Path, run_dir: Path) -> Path:
+    out = run_dir / "tokenizer"
+    out.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if (checkpoint / name).is_file():
+            shutil.copy2(checkpoint / name, out / name)
+    return out
+
+
+def _initial_records(cfg, run_dir: Path, checkpoint: Path | None, registry) -> list:
+    """The registry's live (+ canary) records: version 0 published from ``checkpoint`` and
+    registered live in a new run, or what a run's registry lists."""
+    from tidal.online.records import VersionRecord
+    from tidal.online.weights import publish_checkpoint
+    from tidal.sync.store import VersionStore
+
+    store_root = run_dir / "weights"
+    latest = VersionStore(store_root).latest() if store_root.is_dir() else None
+    known = registry.all()
+    if checkpoint is not None:
+        if not (checkpoint / "config.json").is_file():
+            raise UserError(f"--checkpoint {checkpoint}: not a checkpoint folder (no config.json)")
+        if latest is not None or known:
+            raise UserError(f"{run_dir} already holds a serving run (versions "
+                            f"{[r.version for r in known] or latest}): serve it with --run-dir "
+                            "alone, or give --checkpoint a new --run-dir")
+        sha = publish_checkpoint(checkpoint, store_root, 0, cfg.model.dtype, cfg.sync)
+        registry.register(VersionRecord(0, None, sha, "live", time.time(), weights=str(store_root),
+                                        share=1.0, gate={"verdict": "skipped",
+                                                         "reason": "the initial version"},
+                                        note=f"published from {checkpoint}"))
+    elif not known:
+        raise UserError(f"{run_dir} has no version registry (no online.db or an empty one): "
+                        "start a serving run with --checkpoint DIR")
+    records = registry.live_versions()
+    if not any(r.status == "live" for r in records):
+        raise UserError(f"the version registry of {run_dir} has no live version: promote one "
+                        f"with `tidal versions promote V --run-dir {run_dir}`")
+    return records
+
+
+def build_server(cfg, run_dir: str | Path, checkpoint: str | Path | None = None,
+                 host: str | None = None, port: int | None = None) -> ServerParts:
+    """Open the run's store and registry, publish/find the weights, load the live version (and a
+    canary) with their digests checked, and build the app on a group-committing writer."""
+    from tidal.model.tokenizer import load_tokenizer
+    from tidal.online.api import create_app
+    from tidal.online.api.chat import ChatTemplate
+    from tidal.online.serving import PolicyServer
+    from tidal.online.store import GroupCommitter, OnlineStore, VersionRegistry
+    from tidal.online.weights import VersionLoader
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = Path(checkpoint) if checkpoint is not None else None
+    online = cfg.online
+    store = OnlineStore.open(online.store.database_url, run_dir)
+    registry = VersionRegistry(store)
+    records = _initial_records(cfg, run_dir, checkpoint, registry)
+    tok_dir = _copy_tokenizer(checkpoint, run_dir) if checkpoint is not None else run_dir / "tokenizer"
+    loader = VersionLoader(run_dir / "weights", cfg.sync)
+    policy = PolicyServer(cfg.engine, load_tokenizer(tok_dir), loader, cfg.model.dtype,
+                          online.canary.share, cfg.run.seed, ChatTemplate.from_checkpoint(tok_dir))
+    policy.refresh(records)
+    if policy.live is None:
+        loader.close()
+        errors = "; ".join(e["message"] for e in policy.errors) or "unknown reason"
+        raise UserError(f"no version could be served: {errors}")
+    writer = GroupCommitter(store, online.store, online.learner.max_backlog)
+    app = create_app(online, policy, writer, writer, registry.live_versions)
+    return ServerParts(cfg, run_dir, app, policy, writer, registry.live_versions, policy.live,
+                       policy.sha_of(policy.live), host or online.serve.host,
+                       online.serve.port if port is None else port,
+                       [writer.close, loader.close, store.close])
+
+
+def start_learner(parts: ServerParts):
+    """The learner process (tidal.online.service): learns from the store's feedback when
+    online.learner.enabled, and always gates candidates and watches canaries."""
+    import multiprocessing
+
+    from tidal.online.service import learner_main
+
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    proc = ctx.Process(target=learner_main, name="tidal-learner", daemon=True,
+                       args=(parts.cfg.model_dump_json(), str(parts.run_dir),
+                             parts.cfg.online.store.database_url, stop))
+    proc.start()
+
+    def close():
+        stop.set()
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.kill()
+
+    parts.closers.insert(0, close)
+    return proc
+
+
+def run_server(parts: ServerParts) -> None:
+    """Serve until SIGTERM/SIGINT (uvicorn's graceful shutdown), then close the parts."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            if self.started:
+                port = self.servers[0].sockets[0].getsockname()[1] if self.servers else parts.port
+                print(f"tidal serve: listening on http://{parts.host}:{port} (version "
+                      f"{parts.version}, sha {parts.manifest_sha256})", flush=True)
+
+    config = uvicorn.Config(parts.app, host=parts.host, port=parts.port, log_level="warning",
+                            timeout_graceful_shutdown=30)
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again under the
+    # handler it found: a quiet one here, so a requested stop exits with status 0.
+    quiet = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        Server(config).run()
+    finally:
+        for sig, handler in quiet.items():
+            signal.signal(sig, handler)
+        for close in parts.closers:
+            close()
+
+
+def cmd_serve(args, rest) -> int:
+    from tidal.config import load_config
+
+    if args.checkpoint is None and args.run_dir is None:
+        raise UserError("give --checkpoint DIR (serve a checkpoint) or --run-dir DIR (serve a run)")
+    cfg = load_config(args.config, rest)
+    run_dir = Path(args.run_dir or f"runs/serve-{time.strftime('%Y%m%d-%H%M%S')}")
+    parts = build_server(cfg, run_dir, args.checkpoint, args.host, args.port)
+    start_learner(parts)
+    run_server(parts)
+    return 0
+
+
+def add_parsers(sub) -> None:
+    s = sub.add_parser("serve", help="serve the policy over an OpenAI-compatible HTTP API")
+    s.add_argument("config", nargs="?", help="TOML recipe (default: the built-in recipe)")
+    s.add_argument("--checkpoint", help="Hugging Face checkpoint folder: published as version 0")
+    s.add_argument("--run-dir", help="run folder (weights, store); default runs/serve-<timestamp>")
+    s.add_argument("--host", help="listen address (default online.serve.host)")
+    s.add_argument("--port", type=int, help="port (default online.serve.port; 0 = any free one)")
+    s.set_defaults(fn=cmd_serve)

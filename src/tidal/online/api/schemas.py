@@ -1,0 +1,91 @@
+"""Request bodies of the API (pydantic, strict: a wrong type is an error, not a coercion; an
+unknown field is an error, not ignored), in OpenAI's shapes.
+
+Responses are OpenAI's shapes (built in api/render.py) plus two fields naming the exact policy:
+``tidal_version`` (int) and ``tidal_manifest_sha256`` (hex, tidal.online.weights.weights_digest),
+also sent as the headers X-Tidal-Version and X-Tidal-Manifest-Sha256.
+
+Limits that depend on the config (max_tokens, n, body size) are checked in api/app.py.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tidal.online.api.chat import ROLES
+from tidal.online.records import SIGNALS
+
+MAX_STOP = 4
+"""Stop strings per request (OpenAI's limit)."""
+MAX_SEED = 2**62
+"""Seeds are in [0, MAX_SEED): choice i of a request samples with seed + i."""
+
+NonEmpty = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Sampled(Body):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str | None = None
+    """The served model's id (serve.model_name); None = it. Another name is a 404."""
+    max_tokens: int | None = Field(None, ge=1)
+    """Completion tokens at most; None = serve.max_tokens (also the largest accepted)."""
+    temperature: float | None = Field(None, ge=0, le=2)
+    """None = engine.temperature; 0 = greedy."""
+    top_p: float | None = Field(None, gt=0, le=1)
+    """None = engine.top_p."""
+    n: int = Field(1, ge=1)
+    """Choices (at most serve.max_n); each is recorded and can get its own feedback."""
+    stop: NonEmpty | Annotated[list[NonEmpty], Field(max_length=MAX_STOP)] | None = None
+    """Generation ends at a stop string, which is cut from the text (OpenAI's behaviour);
+    None = engine.stop."""
+    seed: int | None = Field(None, ge=0, lt=MAX_SEED)
+    stream: bool = False
+    user: str | None = Field(None, max_length=256)
+    ignore_eos: bool = False
+    """vLLM's extension: keep generating past the end-of-sequence token (benchmarks use it to
+    make every request the same length)."""
+
+
+class CompletionRequest(Sampled):
+    prompt: str | list[Annotated[int, Field(ge=0)]]
+    """Text, or token ids."""
+    logprobs: int | None = Field(None, ge=0, le=5)
+    """Return per-token logprobs; top_logprobs holds the sampled token (the engine keeps no
+    other alternatives)."""
+
+
+class TextPart(Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(Body):
+    role: Literal[ROLES]
+    content: str | list[TextPart]
+    name: str | None = None
+
+
+class ChatRequest(Sampled):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: int | None = Field(None, ge=1)
+    """OpenAI's newer name for max_tokens (either may be given)."""
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+
+class FeedbackRequest(Body):
+    response_id: NonEmpty
+    """The id of a response this server returned (cmpl-... / chatcmpl-...)."""
+    index: int = Field(0, ge=0, lt=1024)
+    """Which choice of that response."""
+    signal: Literal[SIGNALS]
+    """accepted | edited | rejected | dissatisfied | scalar (tidal.online.records.Signal)."""
+    value: float | None = Field(None, ge=-1, le=1)
+    """Only with signal "scalar": a number in [-1, 1]."""
