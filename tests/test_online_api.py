@@ -103,18 +103,18 @@ def test_completion_n2_logprobs_fields_and_records(served):
     for c in r.choices:
         rec = served.store.responses[(r.id, c.index)]
         assert rec.version == 0 and rec.manifest_sha256 == served.sha
-        assert rec.endpoint == "completions" and rec.prompt_ids == TOK.encode("def f(")
+        assert rec.endpoint == "completions" and rec.prompt_ids == TOK.encode("def f(", add_bos=True)
         assert rec.text == c.text and rec.temperature == 0.8
         assert c.logprobs.token_logprobs == rec.logprobs[: len(c.logprobs.token_logprobs)]
         assert all(lp <= 0 for lp in c.logprobs.token_logprobs)
         assert [next(iter(d.values())) for d in c.logprobs.top_logprobs] == c.logprobs.token_logprobs
     assert r.choices[0].text != r.choices[1].text  # seeds 3 and 4: two different samples
-    assert r.usage.prompt_tokens == 6
+    assert r.usage.prompt_tokens == 7  # BOS + 6 bytes, as the harness encodes
 
 
 def test_completion_token_prompt_matches_text_prompt(served):
     a = served.client.completions.create(model="tidal", prompt="hello", max_tokens=6, temperature=0)
-    b = served.client.completions.create(model="tidal", prompt=TOK.encode("hello"), max_tokens=6,
+    b = served.client.completions.create(model="tidal", prompt=TOK.encode("hello", add_bos=True), max_tokens=6,
                                          temperature=0)
     assert a.choices[0].text == b.choices[0].text
 
@@ -163,7 +163,7 @@ def test_chat_logprobs_and_record(served):
     assert choice.message.role == "assistant"
     rec = served.store.responses[(r.id, 0)]
     assert rec.endpoint == "chat" and rec.text == choice.message.content
-    assert rec.prompt_ids == TOK.encode(plain_prompt(MESSAGES))
+    assert rec.prompt_ids == TOK.encode(plain_prompt(MESSAGES), add_bos=True)
     lps = [t.logprob for t in choice.logprobs.content]
     assert lps == rec.logprobs[: len(lps)]
     assert all(t.top_logprobs[0].logprob == t.logprob for t in choice.logprobs.content)
@@ -327,7 +327,7 @@ def test_bad_requests_name_their_field(served):
         ({"prompt": "x", "model": "gpt-4"}, 404, "model"),
         ({"prompt": "z" * (MAX_SEQ + 5)}, 400, "prompt"),
         ({"prompt": [1, 2, 999]}, 400, "prompt"),
-        ({"prompt": ""}, 400, "prompt"),
+        ({"prompt": []}, 400, "prompt"),
         ({}, 400, "prompt"),
     ]
     for body, status, param in cases:

@@ -107,12 +107,26 @@ def test_promote_at_min_events_when_not_worse_and_at_once_when_better():
     inc = outcomes(100, 100)
     assert canary_decision(outcomes(20, 19), inc, CANARY, REWARD).action == "continue"
     assert canary_decision(outcomes(21, 19), inc, CANARY, REWARD).action == "promote"
-    better = canary_decision(outcomes(28, 2), inc, CANARY, REWARD)
+    # Significantly better, but before min_events: wait (a handful of events proves nothing).
+    assert canary_decision(outcomes(28, 2), inc, CANARY, REWARD).action == "continue"
+    better = canary_decision(outcomes(39, 1), inc, CANARY, REWARD)
     assert better.action == "promote" and "significantly higher" in better.reason
     # Point estimate worse but not significant: keep collecting until max_events.
     assert canary_decision(outcomes(19, 21), inc, CANARY, REWARD).action == "continue"
     assert canary_decision(outcomes(98, 102), inc, CANARY, REWARD).action == "rollback"
     assert canary_decision(outcomes(100, 100), inc, CANARY, REWARD).action == "promote"
+
+
+def test_no_decision_before_min_test_events_on_each_side():
+    """8 canary events all accepted against 0.71 once read as significantly better (the plug-in
+    variance of the mSPRT is meaningless on a handful); nothing is decided below
+    min_test_events, in either direction."""
+    inc = outcomes(71, 29)
+    early = canary_decision(outcomes(8, 0), inc, CANARY, REWARD)
+    assert early.action == "continue" and "fewer than" in early.reason
+    assert canary_decision(outcomes(0, 8), inc, CANARY, REWARD).action == "continue"
+    assert canary_decision(outcomes(0, 20), inc, CANARY, REWARD).action == "rollback"
+    assert canary_decision(outcomes(30, 0), outcomes(5, 5), CANARY, REWARD).action == "continue"
 
 
 def test_scalar_and_edited_count_as_accepts_and_bad_signals_raise():

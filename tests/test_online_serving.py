@@ -233,7 +233,7 @@ def test_build_server_from_checkpoint_then_run_dir(tmp_path):
             close()
     from tidal.errors import UserError
 
-    with pytest.raises(UserError, match="already holds versions"):
+    with pytest.raises(UserError, match="already holds a serving run"):
         build_server(cfg, tmp_path / "run", tmp_path / "ck")
     again = build_server(cfg, tmp_path / "run")
     try:

@@ -28,7 +28,7 @@ from pathlib import Path
 from pydantic import Field
 
 from tidal.bench.common import write_json
-from tidal.bench.config import IntList, config_record, main, run_seed
+from tidal.bench.config import IntList, StrList, config_record, main, run_seed
 from tidal.config import TidalConfig
 from tidal.section import Section
 
@@ -61,9 +61,12 @@ class BenchSection(Section):
     """Share of simulated users who reward questions and broken tool calls."""
     cycle_budget_s: float = Field(1500.0, gt=0)
     """Longest the cycle phase waits for three promoted versions."""
+    measure_responses: int = Field(400, ge=1)
+    """After the third promotion, traffic goes on until that version served this many honest
+    users' responses, so its accept rate is measured on as many as the first version's."""
     bad_timeout_s: float = Field(420.0, gt=0)
     """Longest each bad candidate may take to be decided."""
-    phases: list[str] = ["serve", "ingest", "cycle", "bad"]
+    phases: StrList = ["serve", "ingest", "cycle", "bad"]
     """Which phases to run."""
 
 
@@ -194,8 +197,12 @@ def phase_cycle_and_bad(bench: BenchSection, cfg: TidalConfig, checkpoint: Path,
         if "cycle" in bench.phases:
             start = time.time()
             with Traffic(traffic, bench.users):
-                wait_for(lambda: registry().all(),
-                         lambda recs: len(promotions(recs)) >= 3 or None, bench.cycle_budget_s, 2.0)
+                third = wait_for(lambda: registry().all(),
+                                 lambda recs: promotions(recs)[2:3], bench.cycle_budget_s, 2.0)
+                if third:
+                    left = max(0.0, bench.cycle_budget_s - (time.time() - start))
+                    wait_for(lambda: None, lambda _: traffic.accept_rate(third[0].version)[1]
+                             >= bench.measure_responses or None, left, 2.0)
             out["cycle"] = cycle_result(traffic, registry().all(), initial)
             out["cycle"]["wall_s"] = time.time() - start
     finally:

@@ -123,28 +123,61 @@ def build_server(cfg, run_dir: str | Path, checkpoint: str | Path | None = None,
                        [writer.close, loader.close, store.close])
 
 
+LEARNER_RESTARTS = 5
+"""How often the server starts a learner process again that died, before it gives up (and keeps
+serving what the registry lists)."""
+
+
 def start_learner(parts: ServerParts):
     """The learner process (tidal.online.service): learns from the store's feedback when
-    online.learner.enabled, and always gates candidates and watches canaries."""
+    online.learner.enabled, and always gates candidates and watches canaries. A learner that
+    dies is started again (it resumes from the store's cursor and the registry), at most
+    ``LEARNER_RESTARTS`` times; its traceback is in RUN_DIR/learner.log."""
     import multiprocessing
+    import sys
+    import threading
 
     from tidal.online.service import learner_main
 
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
-    proc = ctx.Process(target=learner_main, name="tidal-learner", daemon=True,
-                       args=(parts.cfg.model_dump_json(), str(parts.run_dir),
-                             parts.cfg.online.store.database_url, stop))
-    proc.start()
+    args = (parts.cfg.model_dump_json(), str(parts.run_dir), parts.cfg.online.store.database_url,
+            stop)
+
+    def spawn():
+        proc = ctx.Process(target=learner_main, name="tidal-learner", daemon=True, args=args)
+        proc.start()
+        return proc
+
+    state = {"proc": spawn(), "restarts": 0}
+
+    def supervise():
+        while not stop.wait(1.0):
+            proc = state["proc"]
+            if proc.is_alive():
+                continue
+            if state["restarts"] >= LEARNER_RESTARTS:
+                print(f"tidal serve: the learner died {state['restarts'] + 1} times (exit code "
+                      f"{proc.exitcode}); serving goes on without it. See "
+                      f"{parts.run_dir / 'learner.log'}", file=sys.stderr, flush=True)
+                return
+            state["restarts"] += 1
+            print(f"tidal serve: the learner exited with code {proc.exitcode}; starting it again "
+                  f"({state['restarts']}/{LEARNER_RESTARTS}). See {parts.run_dir / 'learner.log'}",
+                  file=sys.stderr, flush=True)
+            state["proc"] = spawn()
+
+    threading.Thread(target=supervise, daemon=True, name="learner-supervisor").start()
 
     def close():
         stop.set()
+        proc = state["proc"]
         proc.join(timeout=30)
         if proc.is_alive():
             proc.kill()
 
     parts.closers.insert(0, close)
-    return proc
+    return state
 
 
 def run_server(parts: ServerParts) -> None:

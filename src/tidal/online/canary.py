@@ -7,10 +7,12 @@ however often it is looked at, so the decision is re-taken after every feedback 
     accept rate      accepted or edited, or a scalar > 0, over the canary's / incumbent's events
     guard rates      invalid_tool_call, empty and question, each over the same events
 
+    nothing is decided before each side has min_test_events (the plug-in variance is
+    meaningless on a handful), then:
     rollback  at once when any mSPRT is significant (Lambda >= 1 / alpha) in the bad direction:
               a lower accept rate, or a higher guard rate
-    promote   at once when the accept rate is significantly higher (and nothing is worse);
-              from min_events on, when nothing is significantly worse and no point estimate
+    promote   from min_events on: when the accept rate is significantly higher (and nothing
+              is worse), or when nothing is significantly worse and no point estimate
               is worse either (accept rate >= incumbent's, every guard rate <= incumbent's)
     at max_events: decided on the point estimates alone (promote iff none is worse)
     continue  otherwise
@@ -65,13 +67,17 @@ def canary_decision(cand: list[Outcome], inc: list[Outcome], cfg: CanaryConfig,
         tests[g] = _test([b == g for *_, b in cand], [b == g for *_, b in inc], cfg,
                          higher_is_bad=True)
     stats["tests"] = tests
+    if len(cand) < cfg.min_test_events or len(inc) < cfg.min_test_events:
+        return CanaryDecision("continue", f"fewer than {cfg.min_test_events} events on a side",
+                              stats)
     worse = [n for n, t in tests.items() if t["significant"] and t["worse"]]
     if worse:
         return CanaryDecision("rollback", f"significantly worse: {', '.join(worse)}", stats)
     if not cand or not inc:
         return CanaryDecision("continue", "no events on one side yet", stats)
     acc = tests["accept_rate"]
-    if acc["significant"] and not acc["worse"] and not any(t["worse"] for t in tests.values()):
+    if (acc["significant"] and not acc["worse"] and len(cand) >= cfg.min_events
+            and not any(t["worse"] for t in tests.values())):
         return CanaryDecision("promote", "accept rate significantly higher", stats)
     point_worse = [n for n, t in tests.items() if t["worse"]]
     if len(cand) >= cfg.max_events:

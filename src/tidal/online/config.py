@@ -11,6 +11,8 @@ Every default lives here; each field is documented (tests/test_config.py checks)
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from tidal.section import Section
@@ -82,6 +84,14 @@ class LearnerConfig(Section):
     candidate_every_s: float = Field(0.0, ge=0)
     """Also make a candidate this often (seconds) once it trained at least one step; 0 = only
     after ``steps_per_candidate``."""
+    baseline: Literal["prompt", "batch"] = "prompt"
+    """What a reward is compared with: "prompt" = the running mean reward of earlier responses
+    to the same prompt (users ask the same things again; the step's mean for a prompt not seen
+    before), "batch" = the step's mean reward (plain REINFORCE). Either way the step then
+    centres and scales the differences as GRPO does."""
+    baseline_window: int = Field(32, ge=1)
+    """The per-prompt running mean weighs the last ~this many rewards of a prompt (an
+    exponential mean once a prompt has this many), so it follows a policy that improves."""
     max_backlog: int = Field(2048, ge=1)
     """Feedback events not yet learned from beyond which /v1/feedback answers 429 + Retry-After."""
     max_staleness: int = Field(16, ge=0)
@@ -105,7 +115,8 @@ class GateConfig(Section):
     guard_prompts: int = Field(64, ge=8)
     """Prompts (recent served ones, else held-out tasks) the behaviour guards are measured on."""
     latency_tolerance: float = Field(1.5, gt=1)
-    """Block a candidate whose median latency per response exceeds the incumbent's by this factor."""
+    """Block a candidate whose median latency per guard response (in decode steps: tidal.online.gate)
+    exceeds the incumbent's by this factor."""
 
 
 class CanaryConfig(Section):
@@ -116,6 +127,10 @@ class CanaryConfig(Section):
     tau: float = Field(0.1, gt=0)
     """Std of the mSPRT's normal mixture over the difference in rates (the effect size it is
     most sensitive to)."""
+    min_test_events: int = Field(20, ge=1)
+    """Events on each side before the sequential test may decide anything: its plug-in
+    variance is meaningless on a handful (8 canary events, all accepted, read as
+    "significantly better" against 0.71)."""
     min_events: int = Field(48, ge=1)
     """Canary feedback events before it may be promoted (rollback may come earlier)."""
     max_events: int = Field(400, ge=1)

@@ -15,13 +15,12 @@ when any one fails):
     empty              the same, for empty answers
     question           the same, for questions instead of an action
     action_rate        the same on the rate of NOT acting (so: is its action rate lower)
-    latency            median latency per guard response > incumbent's x latency_tolerance
+    latency            median latency (decode steps) per guard response > incumbent's x latency_tolerance
                        (a ratio, no p-value)
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -46,8 +45,12 @@ class GateInputs:
     """Per held-out task: solved by the environment's rule (Trajectory.solved)."""
     behaviours: list[str]
     """Per guard prompt: tidal.online.behaviour.classify of the response."""
-    latencies_ms: list[float]
-    """Per guard prompt: milliseconds from submission to the finished response."""
+    latencies: list[float]
+    """Per guard prompt: engine steps from submission to the finished response, all prompts
+    decoded together. Latency in decode steps, not wall-clock: on a shared CPU two wall-clock
+    measurements of the same weights differed by 1.5x (710 vs 1097 ms median) and blocked a
+    candidate on noise; the steps depend on the weights alone (same seeds), and a step's cost is
+    the same for every version of one architecture."""
 
     @property
     def pass1(self) -> float:
@@ -96,7 +99,7 @@ def gate_verdict(cand: GateInputs, inc: GateInputs, cfg: GateConfig) -> GateResu
 
 def _check_paired(cand: GateInputs, inc: GateInputs) -> None:
     for x in (cand, inc):
-        if len(x.solved) != len(x.task_ids) or len(x.behaviours) != len(x.latencies_ms):
+        if len(x.solved) != len(x.task_ids) or len(x.behaviours) != len(x.latencies):
             raise ValueError("gate inputs: one solved flag per task and one latency per guard "
                              "response are needed")
     if cand.task_ids != inc.task_ids:
@@ -128,7 +131,7 @@ def _rate_test(name: str, bad_c: int, n_c: int, bad_i: int, n_i: int, alpha: flo
 
 
 def _latency(cand: GateInputs, inc: GateInputs, tolerance: float) -> dict[str, Any]:
-    mc, mi = median(cand.latencies_ms), median(inc.latencies_ms)
+    mc, mi = median(cand.latencies), median(inc.latencies)
     ratio = mc / mi if mi > 0 else (1.0 if mc <= 0 else 1e300)  # JSON has no infinity
     return {"name": "latency", "statistic": ratio, "p_value": None, "threshold": tolerance,
             "passed": ratio <= tolerance, "candidate": mc, "incumbent": mi}
@@ -149,16 +152,16 @@ def measure(engine, env_spec, tasks: list[Any], guard_prompts: list[str | list[i
                             seed=derive_seed(seed, "gate-heldout"))
     texts, latencies = guard_responses(engine, guard_prompts, seed, temperature)
     return GateMeasurement(task_ids=[t.task_id for t in trajs], solved=[t.solved for t in trajs],
-                           behaviours=[classify(t) for t in texts], latencies_ms=latencies,
+                           behaviours=[classify(t) for t in texts], latencies=latencies,
                            texts=texts)
 
 
 def guard_responses(engine, prompts: list[str | list[int]], seed: int,
                     temperature: float = 0.0) -> tuple[list[str], list[float]]:
-    """(text, milliseconds from submission to finish) per prompt, decoded together (as
+    """(text, engine steps from submission to finish) per prompt, decoded together (as
     served: continuous batching)."""
     ids = {}
-    start = time.perf_counter()
+    steps = 0
     for i, p in enumerate(prompts):
         prompt_ids = engine.tokenizer.encode(p, add_bos=True) if isinstance(p, str) else list(p)
         rid = engine.submit(GenerationRequest(prompt_ids, temperature=temperature,
@@ -168,8 +171,10 @@ def guard_responses(engine, prompts: list[str | list[int]], seed: int,
     latencies = [0.0] * len(prompts)
     left = set(ids)
     while left:
-        for r in engine.step():
+        finished = engine.step()
+        steps += 1
+        for r in finished:
             texts[ids[r.request_id]] = r.text
-            latencies[ids[r.request_id]] = (time.perf_counter() - start) * 1000
+            latencies[ids[r.request_id]] = float(steps)
             left.discard(r.request_id)
     return texts, latencies

@@ -6,7 +6,11 @@
         ──> one Trajectory per response, all in ONE group ──> Trainer.step(Batch)
 
 One group: GRPO's group advantage becomes reward minus the batch's mean reward (over its std
-with trainer.normalize_adv_std), a REINFORCE baseline over the step's events. Each response is
+with trainer.normalize_adv_std), a REINFORCE baseline over the step's events. With
+``baseline = "prompt"`` (the default) each reward first has the running mean reward of earlier
+responses to the same prompt taken off (``PromptBaseline``): users ask the same things again,
+and a prompt's own history says far more about how good a response to it was than the step's
+mean over unrelated prompts (GRPO's group baseline, spread over time instead of sampled at once). Each response is
 one Segment: the served prompt, the served tokens (all trained), the engine's recorded sampling
 logprobs and the version that produced them, so the PPO ratio and trainer.off_policy correct
 for the staleness of responses served by older versions. A response with no tokens still counts
@@ -64,6 +68,7 @@ class OnlineLearner:
         self.cfg = cfg
         self.buffer: deque[LearnEvent] = deque()
         self.dropped_stale_total = 0
+        self.baseline = PromptBaseline(cfg.baseline_window)
 
     @property
     def backlog(self) -> int:
@@ -87,7 +92,10 @@ class OnlineLearner:
         self.dropped_stale_total += dropped
         behaviours = [behaviour_of(e) for e in fresh]
         rewards = [self.reward.reward(e.feedback, b) for e, b in zip(fresh, behaviours)]
-        trajs = [trajectory(e, r) for e, r in zip(fresh, rewards)]
+        centred = rewards
+        if self.cfg.baseline == "prompt":
+            centred = self.baseline.centre([tuple(e.response.prompt_ids) for e in fresh], rewards)
+        trajs = [trajectory(e, r) for e, r in zip(fresh, centred)]
         train = None
         if any(t.segments for t in trajs):
             train = self.trainer.step(Batch(trajs, trainer_version=self.trainer.version))
@@ -101,6 +109,26 @@ class OnlineLearner:
     def is_stale(self, event: LearnEvent) -> bool:
         """More than max_staleness trainer versions behind the trainer."""
         return self.trainer.version - event.response.version > self.cfg.max_staleness
+
+
+class PromptBaseline:
+    """Running mean reward per prompt: the mean of its rewards so far, exponential (weight
+    1 / window) once it has ``window`` of them."""
+
+    def __init__(self, window: int):
+        self.window = window
+        self.means: dict[tuple[int, ...], tuple[float, int]] = {}
+
+    def centre(self, prompts: list[tuple[int, ...]], rewards: list[float]) -> list[float]:
+        """Each reward minus its prompt's mean before this step (the step's own mean for a
+        prompt not seen before); then the step's rewards join the means."""
+        step_mean = sum(rewards) / len(rewards) if rewards else 0.0
+        out = [r - self.means.get(p, (step_mean, 0))[0] for p, r in zip(prompts, rewards)]
+        for p, r in zip(prompts, rewards):
+            mean, n = self.means.get(p, (0.0, 0))
+            n += 1
+            self.means[p] = (mean + (r - mean) / min(n, self.window), n)
+        return out
 
 
 def behaviour_of(event: LearnEvent) -> str:

@@ -126,17 +126,25 @@ class OnlineLoop:
         return did
 
     def _learn(self) -> bool:
+        """Train on new feedback until this lineage has its ``steps_per_candidate`` steps; then
+        wait (events queue up in the store) until its candidate is decided, so a candidate is
+        always a few steps from what users are being served, and a learner that falls behind
+        shows as a backlog (the server's 429) instead of training ever further off-policy."""
+        if self._own_candidate is not None or self._steps_since_candidate >= self.oc.learner.steps_per_candidate:
+            return False
         events = self.store.learn_events_after(self.cursor, 4 * self.oc.learner.events_per_step)
         if events:
             self.learner.add(events)
             self.cursor = events[-1].seq
         stepped = False
-        while self.learner.ready():
+        while self.learner.ready() and self._steps_since_candidate < self.oc.learner.steps_per_candidate:
             stats = self.learner.step()
-            self._steps_since_candidate += 1
-            stepped = True
-            self._log({"kind": "learn_step", "trainer_version": self.learner.trainer.version,
-                       **_jsonable(stats)})
+            if stats.train is not None:
+                self._steps_since_candidate += 1
+            if stats.events or stats.dropped_stale:
+                stepped = True
+                self._log({"kind": "learn_step", "trainer_version": self.learner.trainer.version,
+                           **_jsonable(stats)})
         if events or stepped:
             self.store.set_learned_through(self.cursor, self.learner.trainer.version)
         return bool(events) or stepped
@@ -151,7 +159,9 @@ class OnlineLoop:
         from tidal.online.weights import publish_model
 
         trainer = self.learner.trainer
-        version = trainer.version
+        # Never a number already given to other weights (a reset continues above the registry).
+        version = max(trainer.version, max(r.version for r in self.registry.all()) + 1)
+        trainer.version = version
         digest = publish_model(trainer.model, self.weights_root, version, self.cfg.model.dtype)
         self.registry.register(VersionRecord(
             version=version, parent=self.base.version, manifest_sha256=digest, status="candidate",
@@ -297,9 +307,20 @@ def learner_main(cfg_json: str, run_dir: str, database_url: str, stop=None) -> N
     from tidal.config import TidalConfig
     from tidal.online.store import OnlineStore, VersionRegistry
 
+    import faulthandler
+    import traceback
+
     cfg = TidalConfig.model_validate_json(cfg_json)
     torch.set_num_threads(cfg.online.learner.threads)
     _exit_with_parent()
+    log = open(Path(run_dir) / "learner.log", "a", buffering=1)
+    faulthandler.enable(log)
     store = OnlineStore.open(database_url, Path(run_dir))
-    loop = OnlineLoop(cfg, Path(run_dir), store, VersionRegistry(store))
-    loop.run(stop or threading.Event())
+    try:
+        loop = OnlineLoop(cfg, Path(run_dir), store, VersionRegistry(store))
+        loop.run(stop or threading.Event())
+    except BaseException:
+        log.write(traceback.format_exc())
+        raise
+    finally:
+        log.write(f"learner exits at {time.time():.3f}\n")
