@@ -127,17 +127,30 @@ class OnlineLoop:
 
     def _learn(self) -> bool:
         """Train on new feedback until this lineage has its ``steps_per_candidate`` steps; then
-        wait (events queue up in the store) until its candidate is decided, so a candidate is
-        always a few steps from what users are being served, and a learner that falls behind
-        shows as a backlog (the server's 429) instead of training ever further off-policy."""
-        if self._own_candidate is not None or self._steps_since_candidate >= self.oc.learner.steps_per_candidate:
-            return False
-        events = self.store.learn_events_after(self.cursor, 4 * self.oc.learner.events_per_step)
+        wait until its candidate is decided, so a candidate is always a few steps from what
+        users are served, instead of training ever further off-policy.
+
+        Reading: while training, events are read only as fast as they are trained on, so a
+        learner slower than the traffic leaves them in the store, where the server sees the
+        backlog and answers 429. While waiting, it keeps reading (the canary's decision needs
+        feedback to flow) and keeps only the newest ``4 * events_per_step`` for after, the least
+        stale; the older ones are counted as ``skipped_waiting``."""
+        lc = self.oc.learner
+        waiting = self._own_candidate is not None or self._steps_since_candidate >= lc.steps_per_candidate
+        keep = 4 * lc.events_per_step
+        limit = keep if waiting else keep - self.learner.backlog
+        events = self.store.learn_events_after(self.cursor, limit) if limit > 0 else []
         if events:
             self.learner.add(events)
             self.cursor = events[-1].seq
+        skipped = 0
+        while waiting and self.learner.backlog > keep:
+            self.learner.buffer.popleft()
+            skipped += 1
+        if skipped:
+            self._log({"kind": "skipped_waiting", "events": skipped})
         stepped = False
-        while self.learner.ready() and self._steps_since_candidate < self.oc.learner.steps_per_candidate:
+        while not waiting and self.learner.ready() and self._steps_since_candidate < lc.steps_per_candidate:
             stats = self.learner.step()
             if stats.train is not None:
                 self._steps_since_candidate += 1
@@ -315,6 +328,8 @@ def learner_main(cfg_json: str, run_dir: str, database_url: str, stop=None) -> N
     _exit_with_parent()
     log = open(Path(run_dir) / "learner.log", "a", buffering=1)
     faulthandler.enable(log)
+    import signal
+    faulthandler.register(signal.SIGUSR1, log, all_threads=True)  # `kill -USR1 PID`: where is it?
     store = OnlineStore.open(database_url, Path(run_dir))
     try:
         loop = OnlineLoop(cfg, Path(run_dir), store, VersionRegistry(store))
