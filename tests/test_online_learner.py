@@ -129,3 +129,17 @@ def test_a_response_whose_logprobs_do_not_match_its_tokens_is_refused(model):
     learner.add(events([bad, bad], ["accepted", "rejected"]))
     with pytest.raises(ValueError, match="recorded logprobs"):
         learner.step()
+
+
+def test_prompt_baseline_compares_a_reward_with_its_prompts_history():
+    from tidal.online.learner import PromptBaseline
+
+    b = PromptBaseline(window=2)
+    a, c = (1, 2), (3,)
+    # First sight of a prompt: the step's own mean (0.25) is its baseline.
+    assert b.centre([a, c], [0.75, -0.25]) == pytest.approx([0.5, -0.5])
+    assert b.centre([a], [0.75]) == pytest.approx([0.0])  # a's mean so far: 0.75
+    assert b.centre([a], [-0.25]) == pytest.approx([-1.0])
+    # window 2: an exponential mean (weight 1/2) from the second reward on
+    assert b.means[a][0] == pytest.approx(0.25)
+    assert b.centre([c, c], [0.75, 0.75]) == pytest.approx([1.0, 1.0])  # both against c's -0.25

@@ -78,6 +78,8 @@ class OnlineLoop:
         """GateMeasurement per version (the incumbent's is measured once)."""
         self._own_candidate: int | None = None
         self._steps_since_candidate = 0
+        self._skipped_waiting = 0
+        """Events read while waiting for a verdict and dropped for newer ones (logged once)."""
         self.base: VersionRecord | None = None
         self.learner = None
         self._reset_to_live()
@@ -143,12 +145,12 @@ class OnlineLoop:
         if events:
             self.learner.add(events)
             self.cursor = events[-1].seq
-        skipped = 0
         while waiting and self.learner.backlog > keep:
             self.learner.buffer.popleft()
-            skipped += 1
-        if skipped:
-            self._log({"kind": "skipped_waiting", "events": skipped})
+            self._skipped_waiting += 1
+        if not waiting and self._skipped_waiting:
+            self._log({"kind": "skipped_waiting", "events": self._skipped_waiting})
+            self._skipped_waiting = 0
         stepped = False
         while not waiting and self.learner.ready() and self._steps_since_candidate < lc.steps_per_candidate:
             stats = self.learner.step()
