@@ -1,8 +1,10 @@
 """Feedback ingest under load, a ``kill -9`` in the middle of it, and back-pressure.
 
     ingest:  `concurrency` clients POST /v1/feedback for distinct stored responses as fast as
-             they are answered, while the learner trains on what arrives; events/s and latency
-             percentiles of the acknowledged ones
+             they are answered (closed loop: the most events/s), while the learner trains on
+             what arrives; events/s and latency percentiles of the acknowledged ones
+    paced:   the same at a fixed offered rate (open loop, latency from each event's due time):
+             the p99 a server sustaining that rate gives
     kill:    the same load; after ``kill_after_s`` the server (and its learner) gets SIGKILL; the
              ids it acknowledged are compared with what the restarted server's store holds
     429:     a server whose learner may fall at most ``backlog`` events behind answers 429 with
@@ -78,13 +80,48 @@ async def post_feedback(url: str, ids: list[str], concurrency: int, signal: str 
             "errors": errors, "retry_after": retry_after}
 
 
+async def paced_feedback(url: str, ids: list[str], rate: float, connections: int) -> dict:
+    """Open-loop load: event i is sent at start + i / rate whatever the answers before it (a
+    dispatcher fires each one on time), and its latency counts from when it was due (so a slow
+    answer that holds up later sends is charged, not hidden: no coordinated omission)."""
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    errors = 0
+    connector = aiohttp.TCPConnector(limit=connections)
+    async with aiohttp.ClientSession(connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=30)) as session:
+
+        async def one(due: float, rid: str) -> None:
+            nonlocal errors
+            try:
+                async with session.post(f"{url}/v1/feedback",
+                                        json={"response_id": rid, "signal": "accepted"}) as r:
+                    await r.read()
+                    statuses[r.status] = statuses.get(r.status, 0) + 1
+                    if r.status == 200:
+                        latencies.append(time.perf_counter() - due)
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                errors += 1
+
+        tasks = []
+        start = time.perf_counter()
+        for i, rid in enumerate(ids):
+            due = start + i / rate
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            tasks.append(asyncio.create_task(one(due, rid)))
+        await asyncio.gather(*tasks)
+        wall = time.perf_counter() - start
+    return {"acked": [None] * len(latencies), "latencies": latencies, "statuses": statuses,
+            "wall_s": wall, "errors": errors, "retry_after": [], "offered_per_s": rate}
+
+
 def ingest_row(result: dict) -> dict:
     lat = result["latencies"]
     return {"events": len(result["acked"]), "wall_s": result["wall_s"],
             "events_per_s": len(result["acked"]) / max(result["wall_s"], 1e-9),
             "p50_ms": 1000 * percentile(lat, 50), "p99_ms": 1000 * percentile(lat, 99),
             "statuses": {str(k): v for k, v in result["statuses"].items()},
-            "errors": result["errors"]}
+            "errors": result["errors"], "offered_per_s": result.get("offered_per_s")}
 
 
 def stored_feedback_ids(store) -> set[str]:

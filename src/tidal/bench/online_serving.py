@@ -65,7 +65,7 @@ def generate_throughput(checkpoint, tokenizer, prompts: list[str], new_tokens: i
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
     latencies = []
     with torch.inference_mode():
         for i, prompt in enumerate(prompts[:1] + prompts):

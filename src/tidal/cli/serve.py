@@ -180,6 +180,16 @@ def start_learner(parts: ServerParts):
     return state
 
 
+def freeze_startup_objects() -> None:
+    """Move everything built so far (torch, transformers, the models) out of the garbage
+    collector's sight (``gc.freeze``): a full collection over them stalled every request in
+    flight, the p99 of feedback at 500 events/s was ~150 ms (p50 5 ms) with them scanned."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def run_server(parts: ServerParts) -> None:
     """Serve until SIGTERM/SIGINT (uvicorn's graceful shutdown), then close the parts."""
     import uvicorn
@@ -194,6 +204,7 @@ def run_server(parts: ServerParts) -> None:
 
     config = uvicorn.Config(parts.app, host=parts.host, port=parts.port, log_level="warning",
                             timeout_graceful_shutdown=30)
+    freeze_startup_objects()
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again under the
     # handler it found: a quiet one here, so a requested stop exits with status 0.
     quiet = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -212,6 +223,12 @@ def cmd_serve(args, rest) -> int:
     if args.checkpoint is None and args.run_dir is None:
         raise UserError("give --checkpoint DIR (serve a checkpoint) or --run-dir DIR (serve a run)")
     cfg = load_config(args.config, rest)
+    if cfg.run.worker_threads:
+        import torch
+
+        # The engine runs as in a rollout worker (run.worker_threads): on 2 shared cores two
+        # threads made one request's tokens ~2x slower than one thread (tiny ops, idle waits).
+        torch.set_num_threads(cfg.run.worker_threads)
     run_dir = Path(args.run_dir or f"runs/serve-{time.strftime('%Y%m%d-%H%M%S')}")
     parts = build_server(cfg, run_dir, args.checkpoint, args.host, args.port)
     start_learner(parts)

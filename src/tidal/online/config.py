@@ -103,6 +103,10 @@ class LearnerConfig(Section):
     events: 4e-4 gained ~+9 points of pass rate per version, 1e-3 collapsed within 8 steps."""
     threads: int = Field(1, ge=1)
     """torch threads of the learner process (the server keeps the rest)."""
+    nice: int = Field(10, ge=0, le=19)
+    """How much lower the learner's CPU priority is than the server's (os.nice): serving and
+    the feedback acks are latency-bound, training is throughput-bound. On 2 shared cores the
+    p99 of feedback at 500 events/s was 74 ms while the learner trained at the same priority."""
 
 
 class GateConfig(Section):

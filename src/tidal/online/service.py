@@ -323,10 +323,13 @@ def learner_main(cfg_json: str, run_dir: str, database_url: str, stop=None) -> N
     from tidal.online.store import OnlineStore, VersionRegistry
 
     import faulthandler
+    import os
     import traceback
 
     cfg = TidalConfig.model_validate_json(cfg_json)
     torch.set_num_threads(cfg.online.learner.threads)
+    if cfg.online.learner.nice:
+        os.nice(cfg.online.learner.nice)
     _exit_with_parent()
     log = open(Path(run_dir) / "learner.log", "a", buffering=1)
     faulthandler.enable(log)
