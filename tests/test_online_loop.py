@@ -38,9 +38,9 @@ OVERRIDES = [
 
 
 class Run:
-    def __init__(self, tmp_path):
+    def __init__(self, tmp_path, extra: list[str] = ()):
         self.dir = tmp_path / "run"
-        self.cfg = load_config(None, OVERRIDES)
+        self.cfg = load_config(None, OVERRIDES + list(extra))
         self.model = build_model(preset("tiny"), seed=0).eval()
         save_pretrained(self.model, tmp_path / "ck", TOK)
         self.store = OnlineStore.open("", self.dir)
@@ -141,3 +141,19 @@ def test_a_candidate_whose_weights_do_not_match_its_hash_is_blocked(run):
     record = run.registry.get(60)
     assert record.status == "blocked" and "digest" in record.gate["error"]
     assert run.status(0) == "live"
+
+
+def test_a_candidate_on_a_schedule(tmp_path):
+    """online.learner.candidate_every_s: a candidate once that long passed and a step was taken,
+    before steps_per_candidate."""
+    r = Run(tmp_path, ["--online.learner.steps_per_candidate", "100",
+                       "--online.learner.candidate_every_s", "0.01", "--online.gate.enabled", "false"])
+    try:
+        r.serve(0, ["accepted", "rejected"] * 4)
+        time.sleep(0.02)
+        assert r.loop.tick()
+        [candidate] = [v for v in r.registry.all() if v.version != 0]
+        assert candidate.status == "canary" and candidate.gate["verdict"] == "skipped"
+    finally:
+        r.loop.loader.close()
+        r.store.close()

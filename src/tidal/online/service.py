@@ -78,6 +78,7 @@ class OnlineLoop:
         """GateMeasurement per version (the incumbent's is measured once)."""
         self._own_candidate: int | None = None
         self._steps_since_candidate = 0
+        self._last_candidate = time.time()
         self._skipped_waiting = 0
         """Events read while waiting for a verdict and dropped for newer ones (logged once)."""
         self.base: VersionRecord | None = None
@@ -138,7 +139,7 @@ class OnlineLoop:
         feedback to flow) and keeps only the newest ``4 * events_per_step`` for after, the least
         stale; the older ones are counted as ``skipped_waiting``."""
         lc = self.oc.learner
-        waiting = self._own_candidate is not None or self._steps_since_candidate >= lc.steps_per_candidate
+        waiting = self._own_candidate is not None or self._candidate_due()
         keep = 4 * lc.events_per_step
         limit = keep if waiting else keep - self.learner.backlog
         events = self.store.learn_events_after(self.cursor, limit) if limit > 0 else []
@@ -167,10 +168,20 @@ class OnlineLoop:
     def _in_flight(self) -> bool:
         return any(r.status in ("candidate", "canary") for r in self.registry.all())
 
+    def _candidate_due(self) -> bool:
+        """After steps_per_candidate steps, or (candidate_every_s > 0) once that long has passed
+        since the last candidate and at least one step was taken."""
+        lc = self.oc.learner
+        if self._steps_since_candidate >= lc.steps_per_candidate:
+            return True
+        return (lc.candidate_every_s > 0 and self._steps_since_candidate > 0
+                and time.time() - self._last_candidate >= lc.candidate_every_s)
+
     def _maybe_make_candidate(self) -> bool:
         lc = self.oc.learner
-        if not lc.enabled or self._steps_since_candidate < lc.steps_per_candidate or self._in_flight():
+        if not lc.enabled or not self._candidate_due() or self._in_flight():
             return False
+        self._last_candidate = time.time()
         from tidal.online.weights import publish_model
 
         trainer = self.learner.trainer
