@@ -112,6 +112,14 @@ def test_completion_n2_logprobs_fields_and_records(served):
     assert r.usage.prompt_tokens == 7  # BOS + 6 bytes, as the harness encodes
 
 
+def test_openai_fields_at_their_neutral_values_are_accepted(served):
+    """Clients send presence_penalty / frequency_penalty / logit_bias at their defaults; tidal
+    does not implement them, so only the neutral value is accepted (others: 400, below)."""
+    r = served.client.completions.create(model="tidal", prompt="x", max_tokens=4, temperature=0,
+                                         presence_penalty=0, frequency_penalty=0.0, logit_bias={})
+    assert r.choices[0].finish_reason in ("length", "stop", "eos")
+
+
 def test_completion_token_prompt_matches_text_prompt(served):
     a = served.client.completions.create(model="tidal", prompt="hello", max_tokens=6, temperature=0)
     b = served.client.completions.create(model="tidal", prompt=TOK.encode("hello", add_bos=True), max_tokens=6,
@@ -320,6 +328,8 @@ def test_bad_requests_name_their_field(served):
     cases = [
         ({"prompt": "x", "temperature": "hot"}, 400, "temperature"),
         ({"prompt": "x", "bogus": 1}, 400, "bogus"),
+        ({"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
+        ({"prompt": "x", "logit_bias": {"12": 3.0}}, 400, "logit_bias"),
         ({"prompt": "x", "max_tokens": 25}, 400, "max_tokens"),
         ({"prompt": "x", "n": 5}, 400, "n"),
         ({"prompt": "x", "top_p": 0}, 400, "top_p"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tidal.online.api.chat import ROLES
 from tidal.online.records import SIGNALS
@@ -51,6 +51,22 @@ class Sampled(Body):
     ignore_eos: bool = False
     """vLLM's extension: keep generating past the end-of-sequence token (benchmarks use it to
     make every request the same length)."""
+    presence_penalty: float | None = None
+    """OpenAI's; tidal does not implement it: accepted only at its neutral value (0 or absent)."""
+    frequency_penalty: float | None = None
+    """As presence_penalty."""
+    logit_bias: dict[str, float] | None = None
+    """OpenAI's; accepted only empty or absent."""
+
+    @field_validator("presence_penalty", "frequency_penalty", "logit_bias")
+    @classmethod
+    def _neutral_only(cls, value, info):
+        """Clients often send these at their defaults; anything else would be silently ignored,
+        so it is refused, naming the field."""
+        if value not in (None, 0, 0.0, {}):
+            raise ValueError(f"tidal serve does not implement {info.field_name}; send its "
+                             "neutral value (0, or {} for logit_bias) or leave it out")
+        return value
 
 
 class CompletionRequest(Sampled):
