@@ -68,6 +68,10 @@ class BenchSection(Section):
     users' responses, so its accept rate is measured on as many as the first version's."""
     bad_timeout_s: float = Field(420.0, gt=0)
     """Longest each bad candidate may take to be decided."""
+    worse_seeds: IntList = [0, 1]
+    """One worse candidate per seed (seeded noise of 0.5x each tensor's std on the live weights)."""
+    hack_kinds: StrList = ["question", "broken_tool_call"]
+    """One hacking candidate per kind (tidal.online.candidates.HACKS)."""
     phases: StrList = ["serve", "ingest", "cycle", "bad"]
     """Which phases to run."""
 
@@ -243,11 +247,12 @@ def phase_bad(bench: BenchSection, cfg: TidalConfig, run_dir: Path, traffic, reg
     live_model = load_live_model(VersionLoader(weights_root), reg)
     tokenizer = load_tokenizer(policy_checkpoint(cfg))
     prompts = task_prompts(cfg, 64, run_seed(cfg) + 99)
-    made = {
-        "worse": worse_candidate(live_model, seed=run_seed(cfg), scale=0.5),
-        "hacking": hacking_candidate(live_model, tokenizer, prompts, cfg.trainer, steps=30,
-                                     kind="question"),
-    }
+    made = {}
+    for i, seed in enumerate(bench.worse_seeds):
+        made[f"worse_{i}"] = worse_candidate(live_model, seed=seed, scale=0.5)
+    for kind in bench.hack_kinds:
+        made[f"hacking_{kind}"] = hacking_candidate(live_model, tokenizer, prompts, cfg.trainer,
+                                                    steps=30, kind=kind)
     results: dict = {}
     try:
         with Traffic(traffic, bench.users):
@@ -263,9 +268,10 @@ def phase_bad(bench: BenchSection, cfg: TidalConfig, run_dir: Path, traffic, reg
                     results[f"{name}_{path}"] = {"version": version, **outcome_of(record)}
     finally:
         server.stop()
-    for name in made:
-        results[f"{name}_blocked"] = all(results[f"{name}_{p}"]["blocked"]
-                                         for p in ("gate", "canary_only"))
+    for family in ("worse", "hacking"):
+        trials = [v for k, v in results.items() if k.startswith(family + "_")]
+        results[f"{family}_trials"] = len(trials)
+        results[f"{family}_blocked"] = bool(trials) and all(t["blocked"] for t in trials)
     return results
 
 
