@@ -266,3 +266,30 @@ def test_tidal_serve_command_listens_and_stops_on_sigterm(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_run_dir_of_a_training_run_serves_its_newest_checkpoint(tmp_path):
+    """`tidal serve --run-dir TRAIN_RUN`: the newest complete checkpoint becomes version 0 of a
+    serving run in TRAIN_RUN/serve; the second time, that serving run is served from its
+    registry. An incomplete (newer) checkpoint is never picked."""
+    from tidal.cli.serve import build_server, serving_run
+    from tidal.config import load_config
+
+    train = tmp_path / "train"
+    for step, seed in ((2, 0), (4, 1)):
+        folder = train / "checkpoints" / f"step_{step:06d}"
+        save_pretrained(model(seed), folder, TOK)
+        (folder / "COMPLETE").write_text("")
+    save_pretrained(model(2), train / "checkpoints" / "step_000006", TOK)  # no COMPLETE
+    cfg = load_config(None, ["--engine.max_seq_len", "64", "--engine.max_new_tokens", "16"])
+    run_dir, checkpoint = serving_run(cfg, train, None)
+    assert run_dir == train / "serve" and checkpoint == train / "checkpoints" / "step_000004"
+    parts = build_server(cfg, run_dir, checkpoint, port=0)
+    try:
+        served = parts.policy._held[0].engine.model.state_dict()
+        for name, tensor in model(1).state_dict().items():
+            assert torch.equal(served[name], tensor), name
+    finally:
+        for close in parts.closers:
+            close()
+    assert serving_run(cfg, train, None) == (train / "serve", None)

@@ -3,7 +3,8 @@
     tidal serve [CONFIG.toml] --checkpoint DIR [--run-dir RUN_DIR] [--host H] [--port P]
         publish DIR as version 0 into RUN_DIR/weights (RUN_DIR: runs/serve-<timestamp>), serve it
     tidal serve [CONFIG.toml] --run-dir RUN_DIR
-        serve the run's live version (RUN_DIR/weights)
+        serve the run's live version (RUN_DIR/weights); a `tidal train` run's newest
+        checkpoint, as a serving run in RUN_DIR/serve
 
 ``build_server`` assembles the parts (the run's store and version registry, weights, policy
 server, a group-committing writer, the app), ``start_learner`` the learner process beside them
@@ -218,6 +219,25 @@ def run_server(parts: ServerParts) -> None:
             close()
 
 
+def serving_run(cfg, run_dir: Path, checkpoint: Path | None) -> tuple[Path, Path | None]:
+    """Where to serve from. ``--run-dir`` of a `tidal train` run (``checkpoints/``, no store of
+    its own) serves the run's newest checkpoint, as a serving run in ``RUN/serve`` (started from
+    that checkpoint the first time, from its registry after); anything else as given."""
+    from tidal.trainer.checkpoint import latest_checkpoint
+
+    if checkpoint is not None or cfg.online.store.database_url or (run_dir / "online.db").exists():
+        return run_dir, checkpoint
+    newest = latest_checkpoint(run_dir)
+    if newest is None:
+        return run_dir, checkpoint
+    serve_dir = run_dir / "serve"
+    if (serve_dir / "online.db").exists():
+        return serve_dir, None
+    print(f"tidal serve: {run_dir} is a training run; serving its newest checkpoint {newest} "
+          f"as a serving run in {serve_dir}", flush=True)
+    return serve_dir, newest
+
+
 def cmd_serve(args, rest) -> int:
     from tidal.config import load_config
 
@@ -231,7 +251,9 @@ def cmd_serve(args, rest) -> int:
         # threads made one request's tokens ~2x slower than one thread (tiny ops, idle waits).
         torch.set_num_threads(cfg.run.worker_threads)
     run_dir = Path(args.run_dir or f"runs/serve-{time.strftime('%Y%m%d-%H%M%S')}")
-    parts = build_server(cfg, run_dir, args.checkpoint, args.host, args.port)
+    checkpoint = Path(args.checkpoint) if args.checkpoint else None
+    run_dir, checkpoint = serving_run(cfg, run_dir, checkpoint)
+    parts = build_server(cfg, run_dir, checkpoint, args.host, args.port)
     start_learner(parts)
     run_server(parts)
     return 0
