@@ -118,9 +118,9 @@ def test_promote_at_min_events_when_not_worse_and_at_once_when_better():
 
 
 def test_no_decision_before_min_test_events_on_each_side():
-    """8 canary events all accepted against 0.71 once read as significantly better (the plug-in
-    variance of the mSPRT is meaningless on a handful); nothing is decided below
-    min_test_events, in either direction."""
+    """A canary whose first few events were all accepts once read as significantly better than
+    0.71 (the plug-in variance of the mSPRT is meaningless on a handful); nothing is decided
+    below min_test_events, in either direction."""
     inc = outcomes(71, 29)
     early = canary_decision(outcomes(8, 0), inc, CANARY, REWARD)
     assert early.action == "continue" and "fewer than" in early.reason

@@ -79,8 +79,12 @@ class BenchSection(Section):
 def run(bench: BenchSection, cfg: TidalConfig, json_path: str | None) -> int:
     out = Path(bench.out_dir)
     checkpoint = policy_checkpoint(cfg)
+    from tidal.hardware import cpu_facts
+
+    facts = cpu_facts()
     result: dict = {"config": config_record(bench, cfg, READS), "checkpoint": str(checkpoint),
-                    "cpu": cpu_name()}
+                    "cpu": facts.cpu, "cpu_facts": {**facts.record(), "avx512_bf16": facts.avx512_bf16,
+                                                    "amx_bf16": facts.amx_bf16}}
     if "serve" in bench.phases:
         result["serve"] = phase_serve(bench, cfg, checkpoint, out / "serve")
     if "ingest" in bench.phases:
@@ -148,7 +152,7 @@ def phase_ingest(bench: BenchSection, cfg: TidalConfig, checkpoint: Path, run_di
     server = ServerProcess(cfg, run_dir, checkpoint, big)
     url = server.start()
     store = OnlineStore.open(url_db, run_dir)
-    live = [r for r in VersionRegistry(store).live_versions() if r.status == "live"][0]
+    live = VersionRegistry(store).live()
     n = bench.ingest_events
     paced_n = int(bench.ingest_rate * 10)
     ids = seed_responses(store, live.version, live.manifest_sha256, 3 * n + 400 + paced_n, "bench")
@@ -161,7 +165,7 @@ def phase_ingest(bench: BenchSection, cfg: TidalConfig, checkpoint: Path, run_di
         kill = kill_during_load(server, url, ids[n:3 * n], bench.ingest_concurrency,
                                 bench.kill_after_s)
         server.start()
-        stored = stored_feedback_ids(OnlineStore.open(url_db, run_dir))
+        stored = stored_feedback_ids(store)  # the same file the restarted server opened
         lost = sorted(set(kill["acked"]) - stored)
     finally:
         server.stop()
@@ -193,49 +197,42 @@ def phase_cycle_and_bad(bench: BenchSection, cfg: TidalConfig, checkpoint: Path,
     from tidal.sandbox import Sandbox
 
     _fresh(run_dir)
-    url_db = cfg.online.store.database_url
-    env = from_config(cfg.env, Sandbox(cfg.env.sandbox))
-    users = SimulatedUsers(env, env_sandbox(env, cfg), run_seed(cfg), bench.hacker_fraction)
+    sandbox = Sandbox(cfg.env.sandbox)
+    env = from_config(cfg.env, sandbox)
+    users = SimulatedUsers(env, sandbox, run_seed(cfg), bench.hacker_fraction)
     out: dict = {}
-
-    def registry():
-        return VersionRegistry(OnlineStore.open(url_db, run_dir))
-
     server = ServerProcess(cfg, run_dir, checkpoint, [])
     url = server.start()
-    initial = [r for r in registry().live_versions() if r.status == "live"][0].version
+    # One handle for the phase (the server made the store); every read sees the server's writes.
+    store = OnlineStore.open(cfg.online.store.database_url, run_dir)
+    registry = VersionRegistry(store)
+    initial = registry.live().version
     traffic = UserTraffic(url, cfg.online.serve.model_name, users, cfg.engine.max_new_tokens)
     try:
         if "cycle" in bench.phases:
             start = time.time()
             with Traffic(traffic, bench.users):
-                third = wait_for(lambda: registry().all(),
+                third = wait_for(registry.all,
                                  lambda recs: promotions(recs)[2:3], bench.cycle_budget_s, 2.0)
                 if third:
                     left = max(0.0, bench.cycle_budget_s - (time.time() - start))
                     wait_for(lambda: None, lambda _: traffic.accept_rate(third[0].version)[1]
                              >= bench.measure_responses or None, left, 2.0)
-            out["cycle"] = cycle_result(traffic, registry().all(), initial)
+            out["cycle"] = cycle_result(traffic, registry.all(), initial)
             out["cycle"]["wall_s"] = time.time() - start
     finally:
         server.stop()
     if "bad" in bench.phases:
-        out["bad"] = phase_bad(bench, cfg, run_dir, traffic, registry)
+        out["bad"] = phase_bad(bench, cfg, run_dir, traffic, store, registry)
     return out
 
 
-def env_sandbox(env, cfg):
-    from tidal.sandbox import Sandbox
-
-    return Sandbox(cfg.env.sandbox)
-
-
-def phase_bad(bench: BenchSection, cfg: TidalConfig, run_dir: Path, traffic, registry) -> dict:
+def phase_bad(bench: BenchSection, cfg: TidalConfig, run_dir: Path, traffic, store,
+              registry) -> dict:
     from tidal.bench.online_loop import Traffic, final_status, load_live_model, outcome_of, register_bad
     from tidal.bench.online_server import ServerProcess
     from tidal.model import load_tokenizer
     from tidal.online.candidates import hacking_candidate, worse_candidate
-    from tidal.online.store import OnlineStore
     from tidal.online.weights import VersionLoader
 
     server = ServerProcess(cfg, run_dir, None, ["--online.learner.enabled", "false"],
@@ -243,8 +240,11 @@ def phase_bad(bench: BenchSection, cfg: TidalConfig, run_dir: Path, traffic, reg
     url = server.start()
     traffic.url = url
     weights_root = run_dir / "weights"
-    reg = registry()
-    live_model = load_live_model(VersionLoader(weights_root), reg)
+    loader = VersionLoader(weights_root)
+    try:
+        live_model = load_live_model(loader, registry)
+    finally:
+        loader.close()
     tokenizer = load_tokenizer(policy_checkpoint(cfg))
     prompts = task_prompts(cfg, 64, run_seed(cfg) + 99)
     made = {}
@@ -258,11 +258,10 @@ def phase_bad(bench: BenchSection, cfg: TidalConfig, run_dir: Path, traffic, reg
         with Traffic(traffic, bench.users):
             for name, model in made.items():
                 for through_gate in (True, False):
-                    store = OnlineStore.open(cfg.online.store.database_url, run_dir)
-                    version = register_bad(store, registry(), weights_root, model,
+                    version = register_bad(store, registry, weights_root, model,
                                            cfg.model.dtype, f"benchmark: {name} candidate",
                                            through_gate, cfg.online.canary.share)
-                    record = final_status(lambda: registry().all(), version,
+                    record = final_status(registry.all, version,
                                           bench.bad_timeout_s)
                     path = "gate" if through_gate else "canary_only"
                     results[f"{name}_{path}"] = {"version": version, **outcome_of(record)}
@@ -312,16 +311,6 @@ def print_table(result: dict) -> None:
     for key, value in result["keys"].items():
         shown = f"{value:.3f}" if isinstance(value, float) else str(value)
         print(f"  {key:32s} {shown}")
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def _fresh(path: Path) -> None:

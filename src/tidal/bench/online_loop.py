@@ -90,7 +90,7 @@ def register_bad(store, registry, weights_root, model, dtype: str, note: str, th
     straight into a canary with the gate skipped by hand."""
     from tidal.online.weights import publish_model
 
-    live = [r for r in registry.live_versions() if r.status == "live"][0]
+    live = registry.live()
     version = max(r.version for r in registry.all()) + 1000
     digest = publish_model(model, weights_root, version, dtype)
     gate = {} if through_gate else {"verdict": "skipped",
@@ -124,5 +124,5 @@ def final_status(records, version: int, timeout_s: float) -> VersionRecord | Non
 
 
 def load_live_model(loader, registry) -> torch.nn.Module:
-    live = [r for r in registry.live_versions() if r.status == "live"][0]
+    live = registry.live()
     return loader.load(live.version, live.manifest_sha256, "float32")

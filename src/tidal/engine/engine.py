@@ -343,17 +343,22 @@ class Engine:
         self._state.move(movers, holes)
 
     def _check_prompt(self, prompt_ids: list[int]) -> None:
-        limit = self.cfg.max_seq_len - 1
-        if len(prompt_ids) > limit:
-            raise ValueError(
-                f"prompt has {len(prompt_ids)} tokens but engine.max_seq_len is "
-                f"{self.cfg.max_seq_len}, which leaves room for at most {limit}; shorten the "
-                f"prompt or raise engine.max_seq_len"
-            )
-        low, high = min(prompt_ids), max(prompt_ids)
-        if low < 0 or high >= self.vocab_size:
-            raise ValueError(
-                f"prompt token ids must be in [0, {self.vocab_size}) for this model, "
-                f"got ids from {low} to {high}"
-            )
+        check_prompt(prompt_ids, self.cfg.max_seq_len, self.vocab_size)
 
+
+def check_prompt(prompt_ids: list[int], max_seq_len: int, vocab_size: int) -> None:
+    """ValueError unless an engine of ``max_seq_len`` on a ``vocab_size`` vocabulary can take
+    ``prompt_ids`` (a caller that queues requests elsewhere checks them up front with this)."""
+    limit = max_seq_len - 1
+    if len(prompt_ids) > limit:
+        raise ValueError(
+            f"prompt has {len(prompt_ids)} tokens but engine.max_seq_len is "
+            f"{max_seq_len}, which leaves room for at most {limit}; shorten the "
+            f"prompt or raise engine.max_seq_len"
+        )
+    low, high = min(prompt_ids), max(prompt_ids)
+    if low < 0 or high >= vocab_size:
+        raise ValueError(
+            f"prompt token ids must be in [0, {vocab_size}) for this model, "
+            f"got ids from {low} to {high}"
+        )

@@ -23,27 +23,14 @@ so a number is never given to two different sets of weights.
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from tidal.online.records import VersionRecord
-
-
-def _jsonable(value: Any) -> Any:
-    if is_dataclass(value):
-        return _jsonable(asdict(value))
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, float) and value != value:
-        return None
-    return value
+from tidal.telemetry.metrics import MetricsLog, finite_json
 
 
 class OnlineLoop:
@@ -73,7 +60,7 @@ class OnlineLoop:
         """Text prompts (the held-out tasks'), encoded with BOS as the harness and server do."""
         self.reward = RewardFunction(self.oc.reward)
         self.cursor = store.learned_through()
-        self.metrics_path = self.run_dir / "online_metrics.jsonl"
+        self.metrics = MetricsLog(self.run_dir / "online_metrics.jsonl")
         self._measured: dict[int, Any] = {}
         """GateMeasurement per version (the incumbent's is measured once)."""
         self._own_candidate: int | None = None
@@ -87,8 +74,10 @@ class OnlineLoop:
 
     # ---------------------------------------------------------------- the learner's weights
 
-    def _live(self) -> VersionRecord:
-        live = [r for r in self.registry.live_versions() if r.status == "live"]
+    def _live(self, records: list[VersionRecord] | None = None) -> VersionRecord:
+        """The live version, of ``records`` (the registry's, read now when None)."""
+        records = self.registry.live_versions() if records is None else records
+        live = [r for r in records if r.status == "live"]
         if not live:
             raise RuntimeError("the version registry has no live version; tidal serve registers "
                                "the first one when it starts")
@@ -123,9 +112,8 @@ class OnlineLoop:
         """Learn from new feedback, then move the registry's candidates and canary along.
         Returns whether anything happened (the caller sleeps otherwise)."""
         did = self._learn() if self.oc.learner.enabled else False
-        did |= self._maybe_make_candidate()
-        did |= self._advance_canary()
-        did |= self._gate_next_candidate()
+        for stage in (self._maybe_make_candidate, self._advance_canary, self._gate_next_candidate):
+            did |= stage(self.registry.all())  # read once per stage: each may change it
         return did
 
     def _learn(self) -> bool:
@@ -160,13 +148,10 @@ class OnlineLoop:
             if stats.events or stats.dropped_stale:
                 stepped = True
                 self._log({"kind": "learn_step", "trainer_version": self.learner.trainer.version,
-                           **_jsonable(stats)})
+                           **stats.to_json()})
         if events or stepped:
             self.store.set_learned_through(self.cursor, self.learner.trainer.version)
         return bool(events) or stepped
-
-    def _in_flight(self) -> bool:
-        return any(r.status in ("candidate", "canary") for r in self.registry.all())
 
     def _candidate_due(self) -> bool:
         """After steps_per_candidate steps, or (candidate_every_s > 0) once that long has passed
@@ -177,16 +162,19 @@ class OnlineLoop:
         return (lc.candidate_every_s > 0 and self._steps_since_candidate > 0
                 and time.time() - self._last_candidate >= lc.candidate_every_s)
 
-    def _maybe_make_candidate(self) -> bool:
+    def _maybe_make_candidate(self, records: list[VersionRecord]) -> bool:
+        """Publish and register the learner's weights as a candidate once one is due and no
+        other candidate or canary is in flight."""
         lc = self.oc.learner
-        if not lc.enabled or not self._candidate_due() or self._in_flight():
+        in_flight = any(r.status in ("candidate", "canary") for r in records)
+        if not lc.enabled or not self._candidate_due() or in_flight:
             return False
         self._last_candidate = time.time()
         from tidal.online.weights import publish_model
 
         trainer = self.learner.trainer
         # Never a number already given to other weights (a reset continues above the registry).
-        version = max(trainer.version, max(r.version for r in self.registry.all()) + 1)
+        version = max(trainer.version, max(r.version for r in records) + 1)
         trainer.version = version
         digest = publish_model(trainer.model, self.weights_root, version, self.cfg.model.dtype)
         self.registry.register(VersionRecord(
@@ -201,10 +189,11 @@ class OnlineLoop:
 
     # ---------------------------------------------------------------- the gate
 
-    def _gate_next_candidate(self) -> bool:
-        if any(r.status == "canary" for r in self.registry.all()):
+    def _gate_next_candidate(self, records: list[VersionRecord]) -> bool:
+        """Gate the oldest candidate (one at a time, and not while a canary runs)."""
+        if any(r.status == "canary" for r in records):
             return False
-        candidates = sorted((r for r in self.registry.all() if r.status == "candidate"),
+        candidates = sorted((r for r in records if r.status == "candidate"),
                             key=lambda r: r.created)
         if not candidates:
             return False
@@ -214,7 +203,7 @@ class OnlineLoop:
             return True
         from tidal.online.gate import gate_verdict
 
-        live = self._live()
+        live = self._live(records)
         try:
             cand = self._measure(record)
         except Exception as err:  # a candidate whose weights fail verification never serves
@@ -226,7 +215,7 @@ class OnlineLoop:
         inc = self._measure(live)
         result = gate_verdict(cand, inc, self.oc.gate)
         gate = {"verdict": "passed" if result.passed else "blocked", "passed": result.passed,
-                "incumbent": live.version, "tests": _jsonable(result.tests)}
+                "incumbent": live.version, "tests": finite_json(result.tests)}
         self._log({"kind": "gate", "version": record.version, **gate})
         if result.passed:
             self._start_canary(record, gate)
@@ -260,14 +249,15 @@ class OnlineLoop:
 
     # ---------------------------------------------------------------- the canary
 
-    def _advance_canary(self) -> bool:
+    def _advance_canary(self, records: list[VersionRecord]) -> bool:
+        """Take the canary's decision on its feedback so far; act on promote / rollback."""
         from tidal.online.canary import canary_decision
 
-        canaries = [r for r in self.registry.all() if r.status == "canary"]
+        canaries = [r for r in records if r.status == "canary"]
         if not canaries:
             return False
         record = canaries[0]
-        live = self._live()
+        live = self._live(records)
         since = int(record.canary.get("started_seq", 0))
         cand = self.store.outcomes(record.version, since)
         inc = self.store.outcomes(live.version, since)
@@ -275,7 +265,7 @@ class OnlineLoop:
         if decision.action == "continue":
             return False
         canary = {**record.canary, "decision": decision.action, "reason": decision.reason,
-                  "stats": _jsonable(decision.stats), "incumbent": live.version,
+                  "stats": finite_json(decision.stats), "incumbent": live.version,
                   "decided": time.time()}
         self.registry.update(record.version, canary=canary)
         self._log({"kind": "canary_decision", "version": record.version, **canary})
@@ -300,9 +290,7 @@ class OnlineLoop:
     # ---------------------------------------------------------------- records
 
     def _log(self, record: dict) -> None:
-        record = {"time": time.time(), **record}
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(_jsonable(record)) + "\n")
+        self.metrics.write({"time": time.time(), **record})
 
     def run(self, stop) -> None:
         """Tick until ``stop`` (an Event) is set."""
@@ -328,14 +316,14 @@ def _exit_with_parent() -> None:
 
 def learner_main(cfg_json: str, run_dir: str, database_url: str, stop=None) -> None:
     """Entry point of the learner child process (spawned by ``tidal serve``)."""
+    import faulthandler
+    import os
+    import signal
     import threading
+    import traceback
 
     from tidal.config import TidalConfig
     from tidal.online.store import OnlineStore, VersionRegistry
-
-    import faulthandler
-    import os
-    import traceback
 
     cfg = TidalConfig.model_validate_json(cfg_json)
     torch.set_num_threads(cfg.online.learner.threads)
@@ -344,7 +332,6 @@ def learner_main(cfg_json: str, run_dir: str, database_url: str, stop=None) -> N
     _exit_with_parent()
     log = open(Path(run_dir) / "learner.log", "a", buffering=1)
     faulthandler.enable(log)
-    import signal
     faulthandler.register(signal.SIGUSR1, log, all_threads=True)  # `kill -USR1 PID`: where is it?
     store = OnlineStore.open(database_url, Path(run_dir))
     try:

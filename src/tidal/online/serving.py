@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from tidal.engine.config import EngineConfig
-from tidal.engine.engine import Engine
+from tidal.engine.engine import Engine, check_prompt
 from tidal.engine.request import GenerationRequest, GenerationResult
 from tidal.errors import UserError
 from tidal.online.records import VersionRecord
@@ -285,17 +285,14 @@ class PolicyServer:
         return live
 
     def check_prompt(self, prompt_ids: list[int]) -> None:
-        """PromptError unless the engine can take ``prompt_ids`` (before anything is queued)."""
-        limit = self.max_seq_len - 1
+        """PromptError unless the engine can take ``prompt_ids``: the engine's own check, made
+        here before anything is queued (the engine sees the request on the step thread)."""
         if not prompt_ids:
             raise PromptError("the prompt is empty: give at least one token")
-        if len(prompt_ids) > limit:
-            raise PromptError(f"the prompt has {len(prompt_ids)} tokens but this server takes at "
-                              f"most {limit} (engine.max_seq_len {self.max_seq_len} - 1)")
-        vocab = self.tokenizer.vocab_size
-        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
-            raise PromptError(f"prompt token ids must be in [0, {vocab}), got ids from "
-                              f"{min(prompt_ids)} to {max(prompt_ids)}")
+        try:
+            check_prompt(prompt_ids, self.max_seq_len, self.tokenizer.vocab_size)
+        except ValueError as e:
+            raise PromptError(str(e)) from None
 
     async def generate(self, prompt_ids: list[int], sampling: Sampling, n: int = 1,
                        stream: bool = False, version: int | None = None) -> Generation:

@@ -9,13 +9,14 @@ from pathlib import Path
 from tidal.fsutil import write_text_atomic
 
 
-def _clean(value):
+def finite_json(value):
+    """``value`` with every non-finite float as None and keys as strings (JSON has no NaN/inf)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): finite_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [finite_json(v) for v in value]
     return value
 
 
@@ -28,7 +29,7 @@ class MetricsLog:
         self._f = open(self.path, "a", buffering=1)
 
     def write(self, record: dict) -> None:
-        self._f.write(json.dumps(_clean(record), sort_keys=True) + "\n")
+        self._f.write(json.dumps(finite_json(record), sort_keys=True) + "\n")
 
     def close(self) -> None:
         self._f.close()
@@ -42,4 +43,4 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 def write_json_atomic(path: str | Path, obj: dict) -> None:
-    write_text_atomic(path, json.dumps(_clean(obj), indent=2, sort_keys=True) + "\n")
+    write_text_atomic(path, json.dumps(finite_json(obj), indent=2, sort_keys=True) + "\n")
