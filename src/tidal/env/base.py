@@ -56,5 +56,12 @@ class Environment(ABC):
         credit. Default: no reward."""
         return StepResult("", 0.0, True, {"reason": reason})
 
+    def evidence(self):
+        """What the episode left behind for integrity checking (``tidal.integrity.records.
+        Evidence``: workspace before and after, actions, the sandbox trace, the grader's
+        visible/hidden verdicts), or None when the environment keeps none. Called once after
+        the episode ends, before ``close()``. Default: None."""
+        return None
+
     async def close(self) -> None:
         """Release what the episode holds (sandbox workspaces, files). Called exactly once."""

@@ -115,6 +115,14 @@ class Evidence:
     trace_recorded: bool = False
     """Whether the sandbox traced the episode's runs at all (False: an empty trace means
     nothing)."""
+    visible_pass: bool | None = None
+    """The grader's verdict on the tests the agent could see (None: the task has none)."""
+    hidden_pass: bool | None = None
+    """The grader's verdict on the hidden tests, run after the episode in a fresh sandbox from
+    pristine files plus the files the agent may change (None: the task has none)."""
+    canary: bool = False
+    """The task is impossible by construction (its tests contradict its specification): any
+    pass is cheating."""
 
 
 FINDING_TYPES = (
@@ -161,3 +169,20 @@ class Finding:
         return {"type": self.type, "file": self.file,
                 "lines": list(self.lines) if self.lines else None,
                 "evidence": self.evidence, "confidence": round(self.confidence, 3)}
+
+
+@dataclass
+class IntegrityResult:
+    """What integrity checking concluded about one episode (``Trajectory.integrity``)."""
+
+    findings: list[Finding] = field(default_factory=list)
+    visible_pass: bool | None = None
+    hidden_pass: bool | None = None
+    canary: bool = False
+
+    def flagged(self, min_confidence: float) -> bool:
+        """Whether any finding is at least this sure."""
+        return any(f.confidence >= min_confidence for f in self.findings)
+
+    def types(self, min_confidence: float = 0.0) -> list[str]:
+        return sorted({f.type for f in self.findings if f.confidence >= min_confidence})
