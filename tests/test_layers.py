@@ -15,6 +15,8 @@ FORBIDDEN = {
     "env": {"envs", "harness", "engine", "orchestrator", "trainer", "pretrain", "bench", "cli", "online"},
     "harness": {"envs", "orchestrator", "trainer", "pretrain", "bench", "cli", "online"},
     "envs": {"orchestrator", "trainer", "pretrain", "bench", "cli", "config", "online"},
+    "integrity": {"model", "engine", "harness", "env", "envs", "trainer", "orchestrator", "pretrain",
+                  "bench", "cli", "online", "sandbox", "sync", "numerics", "telemetry"},
     "pretrain": {"orchestrator", "trainer", "harness", "bench", "cli", "online"},
     "trainer": {"orchestrator", "harness", "env", "envs", "bench", "cli", "online"},
     "sync": {"orchestrator", "trainer", "engine", "harness", "env", "envs", "bench", "cli", "online"},

@@ -53,9 +53,14 @@ EVAL_EPISODE_KEYS = EPISODE_KEYS | {"episode/effective_horizon_min"}
 and the shortest effective horizon."""
 WORKER_KEYS = {"end_s", "kind", "start_s", "state", "worker"}
 WORKER_FAILURE_KEYS = {"assignment", "error", "kind", "step", "wall_s", "worker"}
+INTEGRITY_KEYS = {f"integrity/{k}" for k in (
+    "episodes", "flagged", "screened", "penalised", "graded", "visible_passes", "hidden_passes",
+    "cheats", "canary_episodes", "canary_passes", "by_type", "flag_rate", "cheat_rate",
+    "hidden_pass_rate", "visible_pass_rate", "canary_cheat_rate")}
+"""Added to step and eval records where the environment keeps evidence (tidal.integrity)."""
 SUMMARY_KEYS = {
     "backend", "cpu", "dropped_stale", "dtypes", "final_checkpoint", "heldout_gain",
-    "heldout_pass1_after", "heldout_pass1_before", "heldout_pass1_by_level_after",
+    "heldout_pass1_after", "heldout_pass1_before", "heldout_pass1_by_level_after", "integrity",
     "heldout_pass1_by_level_before", "heldout_samples_per_task", "heldout_tasks", "init_checkpoint",
     "kept_stale", "max_staleness", "max_staleness_seen", "num_workers", "numerics", "plot",
     "pretrain_budget_bound", "pretrain_s", "report", "rl_wall_s", "steps", "trajectories", "wall_s", "worker_busy_fraction",
@@ -87,6 +92,24 @@ def test_step_record_keys():
     assert record["staleness_hist"] == {"0": 5, "1": 3}  # str keys, in staleness order
     assert list(record["staleness_hist"]) == ["0", "1"]
     assert set(step_record(None, None).to_json()) == STEP_KEYS  # nothing trained
+
+
+def test_integrity_keys_of_steps_and_evals_and_their_round_trip():
+    from tidal.integrity.policy import IntegrityMetrics
+
+    m = IntegrityMetrics(episodes=8, flagged=2, screened=2, graded=8, visible_passes=5,
+                         hidden_passes=3, cheats=2, canary_episodes=4, canary_passes=1,
+                         by_type={"hardcoded_output": 2})
+    record = step_record(train_stats(), episode_means())
+    record.integrity = m
+    out = record.to_json()
+    assert set(out) == STEP_KEYS | EPISODE_KEYS | {f"train/{k}" for k in TRAIN_KEYS} | INTEGRITY_KEYS
+    assert out["integrity/cheat_rate"] == 0.25 and out["integrity/canary_cheat_rate"] == 0.25
+    ev = EvalRecord("step 2", 2, 2, 5.0, 0.5, {1: 0.75}, {"pass": 2}, episode_means(), 0.7, m)
+    assert set(ev.to_json()) == EVAL_KEYS | EVAL_EPISODE_KEYS | INTEGRITY_KEYS
+    assert EvalRecord.from_json(json.loads(json.dumps(ev.to_json()))) == ev
+    state = RunState(step=2, evals=[ev], integrity=m)
+    assert RunState.from_checkpoint(state.to_checkpoint()) == state
 
 
 def test_train_stats_keys_with_an_off_policy_correction_and_moe_routing():

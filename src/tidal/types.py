@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tidal.integrity.records import IntegrityResult
+
 
 @dataclass(frozen=True)
 class PolicyVersion:
@@ -95,6 +97,9 @@ class Trajectory:
         rate counts it.
     level: the task's difficulty as the environment reported it (None if it has none).
     episode: the harness's statistics of the episode (turns, resets, tokens, ...).
+    integrity: what integrity checking found in the episode's evidence (findings, the grader's
+        visible and hidden verdicts, whether the task was a canary); None when its environment
+        keeps no evidence.
     info: the environment's other numeric reports from its step results, free-form and per
         environment (reward components such as ``reward/tests_pass``, ``passed``); the last
         value of each key over the episode.
@@ -109,6 +114,7 @@ class Trajectory:
     solved: bool = False
     level: int | None = None
     episode: EpisodeStats = field(default_factory=EpisodeStats)
+    integrity: IntegrityResult | None = None
 
     @property
     def versions(self) -> list[int]:

@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import model_validator
 
+from tidal.integrity.config import IntegrityConfig
 from tidal.section import Section
 from tidal.sandbox.config import SandboxConfig
 
@@ -21,6 +22,8 @@ class EnvConfig(Section):
     """The environment's own settings, validated by its config model (e.g. the funcs family's
     FuncsConfig: ``env.args.max_level = 2``); {} = its defaults."""
     sandbox: SandboxConfig = SandboxConfig()
+    integrity: IntegrityConfig = IntegrityConfig()
+    """What findings of cheating do to training, and the canaries (tidal.integrity)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -33,6 +33,7 @@ from tidal.env.toolcall import OBS_CLOSE, OBS_OPEN
 from tidal.harness.config import HarnessConfig
 from tidal.harness.seeds import derive_seed
 from tidal.harness.segments import SegmentBuilder
+from tidal.integrity.records import IntegrityResult
 from tidal.types import EpisodeStats, Segment
 
 SUMMARY_OPEN = "\n<summary>"
@@ -58,6 +59,8 @@ class EpisodeResult:
     summary_lengths: list[int] = field(default_factory=list)
     head_tokens: int = 0
     window: int = 0
+    integrity: IntegrityResult | None = None
+    """What the detectors found in the environment's evidence (None: it keeps none)."""
 
     @property
     def resets(self) -> int:
@@ -81,6 +84,18 @@ class EpisodeResult:
             summary_tokens_mean=sum(lengths) / len(lengths) if lengths else 0.0,
             summary_tokens_max=max(lengths, default=0), tool_errors=self.tool_errors,
             model_tokens=self.model_tokens, env_tokens=self.env_tokens)
+
+
+def check_integrity(env: Environment) -> IntegrityResult | None:
+    """The detectors' findings on what the ended episode left behind (``env.evidence()``), with
+    the grader's verdicts; None when the environment keeps no evidence."""
+    evidence = env.evidence()
+    if evidence is None:
+        return None
+    from tidal.integrity.detect import detect
+
+    return IntegrityResult(detect(evidence), evidence.visible_pass, evidence.hidden_pass,
+                           evidence.canary)
 
 
 class Episode:
@@ -119,6 +134,7 @@ class Episode:
                 return await self._skip()
             self.seg = SegmentBuilder(self.head, self.no_experts)
             final = await self._loop()
+            self.result.integrity = check_integrity(self.env)
         finally:
             await self.env.close()
         self.segments.append(self.seg.to_segment())

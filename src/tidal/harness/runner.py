@@ -109,7 +109,8 @@ def to_trajectory(task: Any, group_id: int, result: EpisodeResult,
     solved = result.reason != PROMPT_TOO_LONG and bool(success(result.reward, result.info))
     return Trajectory(task_id=task.task_id, group_id=group_id, segments=result.segments,
                       reward=result.reward, reason=result.reason, info=info, solved=solved,
-                      level=None if level is None else int(level), episode=result.stats())
+                      level=None if level is None else int(level), episode=result.stats(),
+                      integrity=result.integrity)
 
 
 def context_window(cfg: HarnessConfig, engine_cfg) -> int:

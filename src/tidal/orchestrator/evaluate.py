@@ -11,6 +11,7 @@ so a long-horizon evaluation says whether its episodes outgrew the window.
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from dataclasses import asdict
 from typing import Any
@@ -20,14 +21,18 @@ from tidal.harness.seeds import derive_seed
 
 
 def heldout_pass1(engine, env, tasks: list[Any], harness_cfg: HarnessConfig,
-                  samples_per_task: int = 2, run_seed: int | None = None, client=None) -> dict:
+                  samples_per_task: int = 2, run_seed: int | None = None, client=None,
+                  min_confidence: float = 0.5) -> dict:
     """``env``: the EnvironmentSpec; pass1_by_level groups by ``Trajectory.level`` where the
     environment reports one. ``run_seed``: run.seed; every evaluation of a run then samples with
     the same random numbers (harness.seeds), so the same weights give the same pass@1 bit for
     bit and two checkpoints differ by their weights only. None = the engine's generator.
     ``client``: a scripted policy in place of the engine's sampling (see run_episodes; ``engine``
-    then supplies only its tokenizer and settings), graded alike."""
+    then supplies only its tokenizer and settings), graded alike. ``integrity``: the episodes'
+    IntegrityMetrics (findings at least ``min_confidence`` sure flag an episode)."""
     from tidal.orchestrator.records import EpisodeMeans
+
+    from tidal.integrity.policy import measure
 
     seed = None if run_seed is None else derive_seed(run_seed, "heldout")
     trajs, stats = run_episodes(engine, env, tasks, harness_cfg, samples_per_task, seed=seed,
@@ -47,4 +52,27 @@ def heldout_pass1(engine, env, tasks: list[Any], harness_cfg: HarnessConfig,
         "tasks": len(tasks),
         "samples": len(trajs),
         "tokens_per_s": stats.generated_tokens / max(stats.generate_s, 1e-9),
+        "integrity": measure([t.integrity for t in trajs], min_confidence),
     }
+
+
+def eval_canaries(env, heldout: list[Any], n: int, seed: int) -> list[Any]:
+    """``n`` impossible tasks made from the first held-out tasks (the same at every evaluation
+    of a run, so checkpoints compare on one set); [] where the environment makes none."""
+    make = getattr(env, "make_canary", None)
+    if make is None or n <= 0:
+        return []
+    rng = random.Random(f"eval-canaries-{seed}")
+    return [make(heldout[i % len(heldout)], rng) for i in range(n)]
+
+
+def canary_metrics(engine, env, canaries: list[Any], harness_cfg: HarnessConfig,
+                   run_seed: int | None, min_confidence: float):
+    """IntegrityMetrics of one sample per canary task (empty metrics for no canaries)."""
+    from tidal.integrity.policy import IntegrityMetrics, measure
+
+    if not canaries:
+        return IntegrityMetrics()
+    seed = None if run_seed is None else derive_seed(run_seed, "canaries")
+    trajs, _ = run_episodes(engine, env, canaries, harness_cfg, 1, seed=seed)
+    return measure([t.integrity for t in trajs], min_confidence)

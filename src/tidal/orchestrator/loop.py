@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 import time
 from collections import Counter
 from pathlib import Path
@@ -45,7 +46,8 @@ from tidal.config import TidalConfig
 from tidal.env import EnvironmentSpec
 from tidal.fsutil import write_text_atomic
 from tidal.hardware import cpu_facts
-from tidal.orchestrator.evaluate import heldout_pass1
+from tidal.integrity.policy import apply_policy
+from tidal.orchestrator.evaluate import canary_metrics, eval_canaries, heldout_pass1
 from tidal.orchestrator.pool import LocalPool, OrchestratorError, RayPool
 from tidal.orchestrator.records import (
     EpisodeMeans,
@@ -67,9 +69,21 @@ from tidal.types import Batch, Trajectory
 
 
 def training_tasks(cfg: TidalConfig, env: EnvironmentSpec, step: int) -> list:
-    """The tasks of step ``step``: a pure function of (seed, step), so a resumed run continues."""
-    return env.sample_tasks(cfg.orchestrator.tasks_per_step,
-                            cfg.run.seed * 1_000_003 + step, False)
+    """The tasks of step ``step``: a pure function of (seed, step), so a resumed run continues.
+    Where the environment makes canaries, each task is replaced by its impossible version with
+    probability ``env.integrity.canary_rate``."""
+    tasks = env.sample_tasks(cfg.orchestrator.tasks_per_step, cfg.run.seed * 1_000_003 + step, False)
+    return with_canaries(tasks, env, cfg.env.integrity.canary_rate,
+                         random.Random(f"canaries-{cfg.run.seed}-{step}"))
+
+
+def with_canaries(tasks: list, env: EnvironmentSpec, rate: float, rng: random.Random) -> list:
+    """``tasks`` with each replaced by ``env.make_canary(task, rng)`` with probability ``rate``
+    (unchanged where the environment makes no canaries)."""
+    make = getattr(env, "make_canary", None)
+    if make is None or rate <= 0:
+        return tasks
+    return [make(t, rng) if rng.random() < rate else t for t in tasks]
 
 
 def plan_step(cfg: TidalConfig, env: EnvironmentSpec, step: int, first_id: int) -> list[Assignment]:
@@ -159,6 +173,8 @@ class Run:
         self.eval_engine = Engine(serving, load_tokenizer(init_checkpoint), cfg.engine, version=0)
         self.env = from_config(cfg.env, Sandbox(cfg.env.sandbox))
         self.heldout = self.env.sample_tasks(oc.heldout_tasks, oc.heldout_seed, True)
+        self.canaries = eval_canaries(self.env, self.heldout, cfg.env.integrity.eval_canaries,
+                                      oc.heldout_seed)
         self.store: WeightPublisher = open_weight_publisher(cfg, run_dir / "weights")
         self.state = RunState()
         self.before: EvalRecord | None = None
@@ -207,12 +223,17 @@ class Run:
     def evaluate(self, label: str) -> EvalRecord:
         self.eval_engine.load_weights(self.trainer.model, self.trainer.version)
         result = heldout_pass1(self.eval_engine, self.env, self.heldout, self.cfg.harness,
-                               self.cfg.orchestrator.eval_samples_per_task, self.cfg.run.seed)
+                               self.cfg.orchestrator.eval_samples_per_task, self.cfg.run.seed,
+                               min_confidence=self.cfg.env.integrity.min_confidence)
+        integrity = result["integrity"].add(canary_metrics(
+            self.eval_engine, self.env, self.canaries, self.cfg.harness, self.cfg.run.seed,
+            self.cfg.env.integrity.min_confidence))
         record = EvalRecord(label=label, step=self.state.step, version=self.trainer.version,
                             wall_s=self.state.rl_wall_s, heldout_pass1=result["pass1"],
                             pass1_by_level=result["pass1_by_level"], reasons=result["reasons"],
                             episode=EpisodeMeans(**result["episode"]),
-                            effective_horizon_min=result["effective_horizon_min"])
+                            effective_horizon_min=result["effective_horizon_min"],
+                            integrity=integrity if integrity.episodes else None)
         self._write(record)
         self.state.evals.append(record)
         return record
@@ -304,7 +325,8 @@ class Run:
         trajs = sorted((t for r in step_results for t in r.trajectories), key=lambda t: t.group_id)
         trajs, hist = staleness_gate(trajs, self.trainer.version, oc.max_staleness, self.state, oc.keep_stale)
         trajs = complete_groups(trajs, oc.group_size)
-        trained = [t for t in trajs if t.segments]  # skipped episodes: counted, never trained
+        # skipped episodes: counted, never trained; flagged ones as env.integrity.policy says
+        trained, integrity = apply_policy([t for t in trajs if t.segments], self.cfg.env.integrity)
         stats = self.trainer.step(Batch(trained, self.trainer.version)) if trained else None
         t1 = time.perf_counter()
         self.store.publish(self.trainer.model, self.trainer.version)
@@ -313,8 +335,10 @@ class Run:
         self.state.trajectories += len(trajs)
         self.state.rl_wall_s = time.time() - self.rl_start
         self.state.busy_s += sum(r.generate_s + r.grade_s for r in step_results)
+        self.state.integrity = self.state.integrity.add(integrity)
         record = step_record(self.state, self.trainer.version, step_results, trajs, hist, stats,
                              t1 - t0, t2 - t1, oc.num_workers, self._last_step_wall)
+        record.integrity = integrity if integrity.episodes else None
         self._last_step_wall = record.wall_s
         self._write(record)
         return record
@@ -346,8 +370,20 @@ class Run:
             worker_failures=s.worker_failures, num_workers=oc.num_workers, backend=oc.backend,
             rl_wall_s=s.rl_wall_s, final_checkpoint=str(final_checkpoint),
             init_checkpoint=self.init_checkpoint, dtypes=self.cfg.dtype_choices(),
-            cpu=cpu_facts().record(), numerics=numerics_record(self.cfg))
+            cpu=cpu_facts().record(), numerics=numerics_record(self.cfg),
+            integrity=integrity_summary(self.cfg, s))
 
+
+def integrity_summary(cfg: TidalConfig, state: RunState) -> dict | None:
+    """summary.json's ``integrity`` (see RunSummary.integrity); None when nothing kept evidence."""
+    evals = [e for e in state.evals if e.integrity is not None]
+    if not state.integrity.episodes and not evals:
+        return None
+    return {"policy": cfg.env.integrity.policy, "min_confidence": cfg.env.integrity.min_confidence,
+            "train": state.integrity.to_json(),
+            "evals": [{"label": e.label, "step": e.step, "flag_rate": e.integrity.flag_rate,
+                       "cheat_rate": e.integrity.cheat_rate,
+                       "canary_cheat_rate": e.integrity.canary_cheat_rate} for e in evals]}
 
 def numerics_record(cfg) -> dict:
     """engine.numerics and, in deterministic mode, the path of each op the start-up probe chose on

@@ -1,8 +1,11 @@
 """What an RL run records, as typed dataclasses: metrics.jsonl lines, summary.json, RunState.
 
     metrics.jsonl, one JSON object per line, by "kind":
-        "step"            StepRecord      one trained step (train/<key>: TrainStats; episode/<key>)
-        "eval"            EvalRecord      one held-out evaluation (before, every eval_every, after)
+        "step"            StepRecord      one trained step (train/<key>: TrainStats; episode/<key>;
+                                          integrity/<key>: IntegrityMetrics, where the
+                                          environment keeps evidence)
+        "eval"            EvalRecord      one held-out evaluation (before, every eval_every, after;
+                                          integrity/<key> with the canaries' cheat rate)
         "worker"          WorkerSpan      a stretch of one worker's time (the report's timeline)
         "worker_failure"  WorkerFailure   a worker that raised or died, and what it was running
     summary.json          RunSummary      the run's result (``tidal train`` adds its wall times)
@@ -19,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from tidal.integrity.policy import IntegrityMetrics
 from tidal.trainer.stats import TrainStats
 from tidal.types import Trajectory
 
@@ -119,14 +123,19 @@ class StepRecord:
     """RL wall time since the previous step (or the start)."""
     train: TrainStats | None
     """The trainer's statistics, written as ``train/<key>``; None when nothing was trained."""
+    integrity: IntegrityMetrics | None = None
+    """Cheating found in the step's trajectories and what the policy did (screened,
+    penalised), written as ``integrity/<key>``; None (no keys) when the environment keeps no
+    evidence."""
 
     def to_json(self) -> dict[str, Any]:
-        out = {"kind": "step", **_plain(self, skip=("rollout", "staleness_hist", "train"))}
+        out = {"kind": "step", **_plain(self, skip=("rollout", "staleness_hist", "train",
+                                                    "integrity"))}
         out |= self.rollout.to_json()
         out["staleness_hist"] = {str(k): n for k, n in sorted(self.staleness_hist.items())}
         if self.train is not None:
             out |= {f"train/{k}": v for k, v in self.train.to_json().items()}
-        return out
+        return out | integrity_keys(self.integrity)
 
 
 @dataclass
@@ -153,24 +162,39 @@ class EvalRecord:
     effective_horizon_min: float | None = None
     """The shortest held-out episode's effective horizon (``episode/effective_horizon_min``):
     with the mean, whether every episode outgrew its window, not only most."""
+    integrity: IntegrityMetrics | None = None
+    """Cheating in the held-out episodes and on the evaluation's canary tasks (so every
+    checkpoint has a canary cheat rate), written as ``integrity/<key>``; None (no keys) when the
+    environment keeps no evidence."""
 
     def to_json(self) -> dict[str, Any]:
-        out = {"kind": "eval", **_plain(self, skip=("episode", "effective_horizon_min"))}
+        out = {"kind": "eval", **_plain(self, skip=("episode", "effective_horizon_min",
+                                                    "integrity"))}
         if self.episode is not None:
             out |= {f"episode/{k}": v for k, v in _plain(self.episode).items()}
             out["episode/effective_horizon_min"] = self.effective_horizon_min
-        return out
+        return out | integrity_keys(self.integrity)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> EvalRecord:
         """From ``to_json()`` (metrics.jsonl, a checkpoint's RunState), or the plain fields
         (without episode statistics) of a checkpoint written before RunState kept that form."""
         by_level = {int(k): v for k, v in d["pass1_by_level"].items()}
-        own = {k: v for k, v in d.items() if k != "kind" and not k.startswith("episode/")}
+        own = {k: v for k, v in d.items() if k != "kind" and "/" not in k}
         means = {k.removeprefix("episode/"): v for k, v in d.items() if k.startswith("episode/")}
         low = means.pop("effective_horizon_min", None)
+        integrity = {k.removeprefix("integrity/"): v for k, v in d.items()
+                     if k.startswith("integrity/")}
         return cls(**{**own, "pass1_by_level": by_level,
-                      "episode": EpisodeMeans(**means) if means else None, "effective_horizon_min": low})
+                      "episode": EpisodeMeans(**means) if means else None, "effective_horizon_min": low,
+                      "integrity": IntegrityMetrics.from_json(integrity) if integrity else None})
+
+
+def integrity_keys(metrics: IntegrityMetrics | None) -> dict[str, Any]:
+    """``integrity/<key>`` for each of the metrics' counts and rates ({} for None)."""
+    if metrics is None:
+        return {}
+    return {f"integrity/{k}": v for k, v in metrics.to_json().items()}
 
 
 @dataclass
@@ -271,9 +295,15 @@ class RunSummary:
     pretrain_budget_bound: bool | None = None
     """Whether mid-training ran into the end of its time budget, so its LR followed the clock and
     the model is not reproducible run to run (pretrain.loop.budget_bound); set by ``tidal train``."""
+    integrity: dict[str, Any] | None = None
+    """Cheating over the run (None when the environment keeps no evidence): ``policy``, the
+    training episodes' totals (``train``: IntegrityMetrics' counts and rates) and, per
+    evaluation, the held-out and canary rates (``evals``: label, step, flag_rate, cheat_rate,
+    canary_cheat_rate)."""
 
     def to_json(self) -> dict[str, Any]:
-        return _plain(self)
+        out = _plain(self, skip=("integrity",))
+        return out | {"integrity": self.integrity}
 
 
 @dataclass
@@ -298,6 +328,8 @@ class RunState:
     """Generating + grading seconds, summed over workers."""
     evals: list[EvalRecord] = field(default_factory=list)
     """Every held-out evaluation so far, "before" first."""
+    integrity: IntegrityMetrics = field(default_factory=IntegrityMetrics)
+    """Integrity of every trajectory trained so far (the run's totals)."""
 
     def worker_busy_fraction(self, num_workers: int) -> float:
         """Generating + grading time over the workers' combined RL wall time."""
@@ -305,8 +337,11 @@ class RunState:
 
     def to_checkpoint(self) -> dict[str, Any]:
         """Plain data (no tidal classes), so a checkpoint loads whatever this module becomes."""
-        return {**_plain(self, skip=("evals",)), "evals": [e.to_json() for e in self.evals]}
+        return {**_plain(self, skip=("evals", "integrity")), "evals": [e.to_json() for e in self.evals],
+                "integrity": self.integrity.to_json()}
 
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> RunState:
-        return cls(**{**d, "evals": [EvalRecord.from_json(e) for e in d["evals"]]})
+        """(A checkpoint written before RunState kept integrity totals starts them at zero.)"""
+        return cls(**{**d, "evals": [EvalRecord.from_json(e) for e in d["evals"]],
+                      "integrity": IntegrityMetrics.from_json(d.get("integrity", {}))})
