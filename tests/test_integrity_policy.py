@@ -70,3 +70,19 @@ def test_canaries_replace_tasks_at_the_rate_and_only_where_the_environment_makes
 def test_a_bad_policy_is_refused_naming_the_choices():
     with pytest.raises(ValueError, match="log"):
         IntegrityConfig(policy="ignore")
+
+
+def test_the_report_shows_integrity_only_for_runs_that_have_it():
+    from tidal.telemetry.report import build_plots, render_summary
+
+    steps = [{"kind": "step", "step": i, "wall_s": float(i), "reward_mean": 0.5,
+              "integrity/episodes": 8, "integrity/cheat_rate": i / 10, "integrity/flag_rate": 0.1}
+             for i in range(1, 6)]
+    evals = [{"kind": "eval", "step": 0, "wall_s": 0.0, "heldout_pass1": 0.3,
+              "integrity/episodes": 4, "integrity/canary_cheat_rate": 0.25}]
+    ids = [p.id for p in build_plots(steps + evals, {})]
+    assert "plot-integrity" in ids
+    plain = [{k: v for k, v in r.items() if not k.startswith("integrity/")} for r in steps + evals]
+    assert "plot-integrity" not in [p.id for p in build_plots(plain, {})]
+    html = render_summary({"steps": 5, "integrity": {"train": {"cheat_rate": 0.125, "screened": 3}}})
+    assert 'data-key="integrity.cheat_rate">12.5%' in html and 'integrity.screened">3' in html

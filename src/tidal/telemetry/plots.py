@@ -173,6 +173,39 @@ def throughput_figure(steps: list[dict]) -> Figure | None:
     return fig
 
 
+def integrity_figure(steps: list[dict], evals: list[dict]) -> Figure | None:
+    """Cheating over wall time: the grader's cheat rate (visible tests passed, hidden failed)
+    and the detectors' flag rate per step (running means), with each evaluation's canary cheat
+    rate; None when no record has integrity keys (the environment keeps no evidence)."""
+    steps = [r for r in steps if "integrity/episodes" in r]
+    evals = [r for r in evals if "integrity/episodes" in r]
+    if not steps and not evals:
+        return None
+    fig = Figure(figsize=FIGSIZE, dpi=DPI)
+    ax = fig.add_subplot()
+    window = max(1, len(steps) // 15) + 1
+    wall = _values(steps, "wall_s")
+    for key, label, color in (("integrity/cheat_rate", "cheat rate (grader)", "tab:red"),
+                              ("integrity/flag_rate", "flag rate (detectors)", "tab:orange")):
+        values = _values(steps, key)
+        if any(math.isfinite(v) for v in values):
+            ax.plot(wall, values, color=color, alpha=0.3)
+            ax.plot(wall, trailing_mean(values, window), color=color,
+                    label=f"{label}, {window}-step mean")
+    canary = _values(evals, "integrity/canary_cheat_rate")
+    if any(math.isfinite(v) for v in canary):
+        ax.plot(_values(evals, "wall_s"), canary, "s-", color="tab:purple",
+                label="canary cheat rate (evaluations)")
+    ax.set_ylim(0.0, 1.0)
+    ax.set_xlabel(WALL_LABEL)
+    ax.set_ylabel("fraction of episodes")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left")
+    ax.set_title("integrity")
+    fig.tight_layout()
+    return fig
+
+
 def figure_png(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png")

@@ -35,6 +35,15 @@ SUMMARY_FIELDS = (
     ("wall_s", "total wall time (s)", "{:.1f}"),
 )
 
+INTEGRITY_FIELDS = (
+    ("cheat_rate", "cheat rate in training (visible pass, hidden fail)", "{:.1%}"),
+    ("flag_rate", "flagged by the detectors in training", "{:.1%}"),
+    ("canary_cheat_rate", "canary cheat rate in training", "{:.1%}"),
+    ("screened", "trajectories screened out", "{}"),
+    ("penalised", "trajectories penalised", "{}"),
+)
+"""summary.json's integrity.train keys shown in the header, where the run has them."""
+
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 60em; color: #222; }
@@ -97,7 +106,19 @@ def build_plots(records: list[dict], summary: dict) -> list[Plot]:
              f"Line chart of generation and training tokens per second over {len(steps)} steps, "
              "against wall time.",
              "No data: the step records have no gen_tokens_per_s or train_tokens_per_s."),
-    ]
+    ] + integrity_plots(steps, evals)
+
+
+def integrity_plots(steps: list[dict], evals: list[dict]) -> list[Plot]:
+    """The integrity figure, only for a run whose environment keeps evidence (tidal.integrity)."""
+    fig = plots.integrity_figure(steps, evals)
+    if fig is None:
+        return []
+    return [Plot("plot-integrity", "Cheating: episodes that passed the visible tests but failed "
+                 "the hidden ones (the grader's view), episodes the detectors flagged, and each "
+                 "evaluation's canary cheat rate (impossible tasks: any pass is cheating).", fig,
+                 f"Line chart of the cheat and flag rates over {len(steps)} steps and the canary "
+                 f"cheat rate at {len(evals)} evaluations, against wall time.", "")]
 
 
 def render_page(run_name: str, summary: dict | None, figures: list[Plot]) -> str:
@@ -122,6 +143,11 @@ def render_summary(summary: dict | None) -> str:
         if key in summary:
             value = "n/a" if summary[key] is None else fmt.format(summary[key])
             rows.append(f'<tr><th>{html.escape(label)}</th><td data-key="{key}">{html.escape(value)}</td></tr>')
+    train = (summary.get("integrity") or {}).get("train", {})
+    for key, label, fmt in INTEGRITY_FIELDS:
+        if train.get(key) is not None:
+            rows.append(f'<tr><th>{html.escape(label)}</th><td data-key="integrity.{key}">'
+                        f'{html.escape(fmt.format(train[key]))}</td></tr>')
     return '<table class="summary" id="summary">' + "".join(rows) + "</table>"
 
 
