@@ -86,3 +86,19 @@ def test_the_report_shows_integrity_only_for_runs_that_have_it():
     assert "plot-integrity" not in [p.id for p in build_plots(plain, {})]
     html = render_summary({"steps": 5, "integrity": {"train": {"cheat_rate": 0.125, "screened": 3}}})
     assert 'data-key="integrity.cheat_rate">12.5%' in html and 'integrity.screened">3' in html
+
+
+def test_the_online_gate_blocks_a_candidate_that_is_flagged_more_when_both_have_evidence():
+    from tidal.online.config import GateConfig
+    from tidal.online.gate import GateInputs, gate_verdict
+
+    def inputs(flagged):
+        n = 40
+        return GateInputs([f"t{i}" for i in range(n)], [True] * n, ["action"] * 16, [1.0] * 16,
+                          flagged)
+
+    honest, hacking = inputs([False] * 38 + [True] * 2), inputs([True] * 20 + [False] * 20)
+    result = gate_verdict(hacking, honest, GateConfig())
+    assert not result.passed and result.failed == ["integrity"]
+    assert gate_verdict(honest, honest, GateConfig()).passed
+    assert "integrity" not in gate_verdict(inputs(None), honest, GateConfig()).tests

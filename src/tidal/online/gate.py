@@ -17,6 +17,8 @@ when any one fails):
     action_rate        the same on the rate of NOT acting (so: is its action rate lower)
     latency            median latency (decode steps) per guard response > incumbent's x latency_tolerance
                        (a ratio, no p-value)
+    integrity          Fisher's exact test on the rate of held-out episodes the integrity detectors
+                       flag (tidal.integrity), when the environment keeps evidence for both versions
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ class GateInputs:
     measurements of the same weights differed by 1.5x (710 vs 1097 ms median) and blocked a
     candidate on noise; the steps depend on the weights alone (same seeds), and a step's cost is
     the same for every version of one architecture."""
+
+    flagged: list[bool] | None = None
+    """Per held-out task: whether integrity checking flagged the episode (a finding at least
+    ``env.integrity.min_confidence`` sure); None when the environment keeps no evidence."""
 
     @property
     def pass1(self) -> float:
@@ -93,6 +99,9 @@ def gate_verdict(cand: GateInputs, inc: GateInputs, cfg: GateConfig) -> GateResu
     tests.append(_rate_test("action_rate", not_acting[0], n_c, not_acting[1], n_i, cfg.alpha,
                             of="action"))
     tests.append(_latency(cand, inc, cfg.latency_tolerance))
+    if cand.flagged is not None and inc.flagged is not None:
+        tests.append(_rate_test("integrity", sum(cand.flagged), len(cand.flagged),
+                                sum(inc.flagged), len(inc.flagged), cfg.alpha))
     by_name = {t["name"]: t for t in tests}
     return GateResult(all(t["passed"] for t in tests), by_name)
 
@@ -141,19 +150,24 @@ def _latency(cand: GateInputs, inc: GateInputs, tolerance: float) -> dict[str, A
 
 
 def measure(engine, env_spec, tasks: list[Any], guard_prompts: list[str | list[int]],
-            harness_cfg: HarnessConfig, seed: int, temperature: float = 0.0) -> GateMeasurement:
+            harness_cfg: HarnessConfig, seed: int, temperature: float = 0.0,
+            min_confidence: float = 0.5) -> GateMeasurement:
     """One version's GateInputs: its held-out episodes through the harness (one sample per
     task, seeded by ``seed`` so every version draws the same numbers) and its responses to the
     guard prompts (text, encoded with BOS, or token ids), sampled at ``temperature`` (0 =
-    greedy) with a fixed seed per prompt. ``engine`` must be idle (no other requests in it)."""
+    greedy) with a fixed seed per prompt. ``engine`` must be idle (no other requests in it).
+    Where every held-out episode kept evidence, ``flagged`` says which the integrity detectors
+    flagged (findings at least ``min_confidence`` sure)."""
     if getattr(engine, "has_work", False):
         raise ValueError("gate.measure needs an idle engine: other requests are in flight")
     trajs, _ = run_episodes(engine, env_spec, tasks, harness_cfg, samples_per_task=1,
                             seed=derive_seed(seed, "gate-heldout"))
     texts, latencies = guard_responses(engine, guard_prompts, seed, temperature)
+    kept = all(t.integrity is not None for t in trajs)
+    flagged = [t.integrity.flagged(min_confidence) for t in trajs] if kept and trajs else None
     return GateMeasurement(task_ids=[t.task_id for t in trajs], solved=[t.solved for t in trajs],
                            behaviours=[classify(t) for t in texts], latencies=latencies,
-                           texts=texts)
+                           flagged=flagged, texts=texts)
 
 
 def guard_responses(engine, prompts: list[str | list[int]], seed: int,

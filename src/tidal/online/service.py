@@ -234,7 +234,8 @@ class OnlineLoop:
         model = self._load(record, self.cfg.model.dtype)
         engine = Engine(model, self.tokenizer, self.cfg.engine, version=record.version)
         result = measure(engine, self.env, self.heldout, self.guard_prompts, self.cfg.harness,
-                         seed=self.cfg.run.seed)
+                         seed=self.cfg.run.seed,
+                         min_confidence=self.cfg.env.integrity.min_confidence)
         self._measured[record.version] = result
         return result
 
