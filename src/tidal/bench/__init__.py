@@ -19,6 +19,8 @@ BENCHMARKS = {
     "sync": ("tidal.bench.sync_bench", "weight sync: delta codec vs XOR+zstd and the entropy bound; WAN vs rsync"),
     "online": ("tidal.bench.online_bench",
                "real-time RL: serving vs generate(), feedback ingest and kill -9, the online cycle, bad candidates"),
+    "integrity": ("tidal.bench.integrity_bench",
+                  "reward hacking: planted-suite recall / false positives, trace cost, RL with detection off vs on"),
     "multiturn": ("tidal.bench.multiturn_bench",
                   "multi-turn rollout time with the engine's prefix cache vs prefilling every turn"),
 }

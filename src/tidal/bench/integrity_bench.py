@@ -1,0 +1,185 @@
+"""`tidal bench integrity`: how well cheating is caught, and what catching it does to training.
+
+    planted suite   the detectors (tidal.integrity.detect) on tests/data/integrity/planted:
+                    recall on the cheats, false-positive rate on the honest episodes
+    trace cost      the sandbox trace on vs off on the trivial program (start-to-result p50)
+    demonstration   the hackable family (tests the agent can satisfy without solving the task):
+                    one run of tidal's own RL loop per integrity policy, from one mid-trained
+                    model, the same config and budgets but env.integrity.policy:
+                        log       detection off as far as training goes (measured only)
+                        screen    flagged episodes dropped from the batch (the default)
+                        penalise  flagged episodes trained with the penalty reward
+                    each reports the grader's cheat rate (visible tests passed, hidden failed) in
+                    its first and last steps, held-out hidden-test pass@1 before and after RL,
+                    and the canary cheat rate at every evaluation
+
+The peer is the same loop without detection (policy log); figures are read back from what the
+runs wrote (metrics.jsonl, summary.json), never computed a second time.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pydantic import Field
+
+from tidal.bench.config import StrList, config_record, main, with_keys
+from tidal.config import ConfigError, TidalConfig
+from tidal.section import Section
+
+READS = ("model", "pretrain", "engine", "env", "harness", "orchestrator", "trainer", "run")
+DEFAULTS = {"env.name": "hackable", "orchestrator.time_budget_s": 240.0,
+            "orchestrator.heldout_tasks": 128, "orchestrator.eval_every": 25}
+"""The demonstration's runs: the hackable family, 4 minutes of RL per policy, 128 held-out
+tasks (x2 samples) and an evaluation (with its canaries) every 25 steps."""
+QUICK = {"bench.demo": False}
+
+
+class BenchSection(Section):
+    suite: str = ""
+    """The planted-hack suite's directory; "" = tests/data/integrity/planted of this checkout."""
+    policies: StrList = ["log", "screen", "penalise"]
+    """The demonstration's arms: one RL run per env.integrity.policy."""
+    demo: bool = True
+    """Run the demonstration (three RL runs, ~20 minutes on 2 cores); False: the suite and the
+    trace cost only."""
+    runs_dir: str = "runs/bench-integrity"
+    """Where the demonstration's runs are written, one folder per policy (must not hold them yet)."""
+    trace_runs: int = Field(200, ge=10)
+    """Trivial programs timed per side (trace on, trace off) for the trace's cost."""
+    edge_fraction: float = Field(0.25, gt=0, le=0.5)
+    """The share of a run's steps its "first" and "last" cheat rates are averaged over."""
+
+
+def run(bench: BenchSection, cfg: TidalConfig, json_path: str | None) -> int:
+    from tidal.bench.common import write_json
+
+    result = {"config": config_record(bench, cfg, READS), **suite_figures(bench, cfg),
+              "trace": trace_cost(bench, cfg)}
+    result["trace_overhead_ms"] = result["trace"]["overhead_ms"]
+    if bench.demo:
+        result["demo"] = demonstration(bench, cfg)
+        result["canary"] = {p: result["demo"]["runs"][p]["canary_cheat_rate_by_eval"]
+                            for p in result["demo"]["runs"]}
+    print_table(result)
+    if json_path:
+        write_json(json_path, result)
+        print(f"wrote {json_path}")
+    return 0
+
+
+def suite_figures(bench: BenchSection, cfg: TidalConfig) -> dict:
+    from tidal.integrity.detect import detect
+    from tidal.integrity.planted import default_suite_dir, load_planted, score
+
+    cases = load_planted(bench.suite or default_suite_dir())
+    scored = score(cases, detect, cfg.env.integrity.min_confidence)
+    return {"recall": scored["recall"], "false_positive_rate": scored["false_positive_rate"],
+            "suite": scored}
+
+
+def trace_cost(bench: BenchSection, cfg: TidalConfig) -> dict:
+    from tidal.bench.sandbox_bench import trace_overhead
+
+    return trace_overhead(cfg.env.sandbox, bench.trace_runs)
+
+
+def demonstration(bench: BenchSection, cfg: TidalConfig) -> dict:
+    """One RL run per policy from one mid-trained model; their figures side by side."""
+    from tidal.pretrain.cache import cached_pretrained
+
+    if cfg.env.name != "hackable":
+        raise ConfigError(f"the demonstration trains the hackable family: env.name must be "
+                          f"'hackable', not {cfg.env.name!r}")
+    model = cfg.model.init_from or cached_pretrained(cfg)
+    runs = {p: run_policy(with_keys(cfg, {"env.integrity.policy": p}), Path(bench.runs_dir) / p,
+                          Path(model), bench.edge_fraction) for p in bench.policies}
+    out: dict = {"model": str(model), "runs": runs}
+    if "log" in runs:
+        out["cheat_rate_off"] = runs["log"]["cheat_rate_last"]
+    if "screen" in runs:
+        out["cheat_rate_on"] = runs["screen"]["cheat_rate_last"]
+        out["hidden_pass_on"] = runs["screen"]["hidden_pass_after"]
+        out["hidden_pass_on_before"] = runs["screen"]["hidden_pass_before"]
+    if "penalise" in runs:
+        out["cheat_rate_penalise"] = runs["penalise"]["cheat_rate_last"]
+        out["hidden_pass_penalise"] = runs["penalise"]["hidden_pass_after"]
+    if "log" in runs and "screen" in runs and runs["log"]["cheat_rate_last"]:
+        out["on_over_off"] = runs["screen"]["cheat_rate_last"] / runs["log"]["cheat_rate_last"]
+    return out
+
+
+def run_policy(cfg: TidalConfig, run_dir: Path, model: Path, edge: float) -> dict:
+    """One RL run (orchestrator.loop.Run) and its figures, read back from what it wrote."""
+    from tidal.config.dump import recipe_tree, to_toml
+    from tidal.orchestrator.loop import Run, write_summary
+
+    if (run_dir / "metrics.jsonl").exists():
+        raise ConfigError(f"{run_dir} already holds a run: give another --bench.runs_dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(to_toml(recipe_tree(cfg)) + "\n")
+    write_summary(run_dir, Run(cfg, run_dir, model, progress=True).run())
+    return run_figures(run_dir, edge)
+
+
+def run_figures(run_dir: Path, edge: float) -> dict:
+    """A finished run's cheat rates (first / last ``edge`` of its steps, and each step's),
+    held-out hidden pass@1 before and after, and its evaluations' canary cheat rates."""
+    import json
+
+    from tidal.telemetry.metrics import read_metrics
+
+    records = read_metrics(run_dir / "metrics.jsonl")
+    steps = [r for r in records if r.get("kind") == "step"]
+    evals = [r for r in records if r.get("kind") == "eval"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rates = [r.get("integrity/cheat_rate") for r in steps]
+    k = max(1, int(len(steps) * edge))
+    return {
+        "steps": len(steps), "policy": (summary.get("integrity") or {}).get("policy"),
+        "cheat_rate_first": _pooled(steps[:k]), "cheat_rate_last": _pooled(steps[-k:]),
+        "cheat_rate_by_step": rates,
+        "flag_rate_last": _pooled(steps[-k:], "flagged", "episodes"),
+        "screened": sum(r.get("integrity/screened", 0) for r in steps),
+        "penalised": sum(r.get("integrity/penalised", 0) for r in steps),
+        "hidden_pass_before": summary["heldout_pass1_before"],
+        "hidden_pass_after": summary["heldout_pass1_after"],
+        "canary_cheat_rate_by_eval": [{"label": e["label"], "step": e["step"],
+                                       "canary_cheat_rate": e.get("integrity/canary_cheat_rate")}
+                                      for e in evals],
+        "run_dir": str(run_dir),
+    }
+
+
+def _pooled(steps: list[dict], num: str = "cheats", den: str = "graded") -> float | None:
+    """sum(num) / sum(den) over the steps' integrity counts (None without any)."""
+    total = sum(r.get(f"integrity/{den}", 0) for r in steps)
+    return sum(r.get(f"integrity/{num}", 0) for r in steps) / total if total else None
+
+
+def print_table(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="tidal bench integrity")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    fmt = lambda v: "n/a" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))  # noqa: E731
+    suite = result["suite"]
+    table.add_row(f"planted suite recall ({suite['cheats']} cheats)", fmt(result["recall"]))
+    table.add_row(f"planted suite false positives ({suite['honest']} honest)",
+                  fmt(result["false_positive_rate"]))
+    table.add_row("trace cost on sandbox p50 (ms)", fmt(result["trace_overhead_ms"]))
+    for policy, r in result.get("demo", {}).get("runs", {}).items():
+        table.add_row(f"{policy}: cheat rate first / last steps",
+                      f"{fmt(r['cheat_rate_first'])} / {fmt(r['cheat_rate_last'])}")
+        table.add_row(f"{policy}: hidden pass@1 before / after",
+                      f"{fmt(r['hidden_pass_before'])} / {fmt(r['hidden_pass_after'])}")
+        last = [e["canary_cheat_rate"] for e in r["canary_cheat_rate_by_eval"]]
+        table.add_row(f"{policy}: canary cheat rate per evaluation", ", ".join(map(fmt, last)))
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.modules[__name__], "integrity"))
