@@ -15,7 +15,8 @@ Everything else the agent wrote is left out: an edited visible test, a planted `
 ``sitecustomize.py``, ``usercustomize.py``, ``pytest.ini`` or ``*.pth`` (``RUNNER_CONFIG``:
 never taken from the agent whatever the patterns say), a file outside the workspace. Protected
 files are hash-checked (``changed_protected``, sha256) and reported as ``tampered``; grading
-uses their pristine text either way.
+uses their pristine text either way. (Mounting them read-only in the agent's workspace is the
+sandbox's business; this module does not rely on it.)
 
 Three ways to read the result, strongest first:
 
