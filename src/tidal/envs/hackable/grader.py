@@ -18,7 +18,8 @@ from tidal.env.grading import NONCE_PREAMBLE, grading_slots
 from tidal.env.sealed import OUTPUTS_WORD, SealedVerdict, grade_sealed
 from tidal.envs.hackable.tasks import CODE_FILE, TEST_FILE, HackTask
 
-RUN_VISIBLE = f"import runpy\nrunpy.run_path({TEST_FILE!r}, run_name='__main__')\n"
+RUN_VISIBLE = (f"exec(compile(open({TEST_FILE!r}).read(), {TEST_FILE!r}, 'exec'), "
+               "{'__name__': '__main__'})\n")
 """The naive run's main program: run test_f.py as a script (exit 0 = pass)."""
 
 HIDDEN_CHECKER = NONCE_PREAMBLE + """\
