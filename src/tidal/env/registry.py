@@ -35,6 +35,7 @@ ENVIRONMENTS: dict[str, str] = {
     "funcs": "tidal.envs.funcs",
     "fixit": "tidal.envs.fixit",
     "ledger": "tidal.envs.ledger",  # the long-horizon family (horizon engineer)
+    "hackable": "tidal.envs.hackable",  # the integrity demonstration (issue 13)
 }
 """Built-in environments: name -> module exposing load_environment."""
 

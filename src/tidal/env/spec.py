@@ -3,6 +3,7 @@ mid-training corpus, and what counts as solving a task."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -39,6 +40,10 @@ class EnvironmentSpec:
         ``Trajectory.solved``; every pass rate (held-out pass@1, a step's pass_rate, by level)
         counts it. Default: reward >= 1.0; override when the reward carries bonus or partial
         terms.
+    make_canary: ``(task, rng) -> task``: an impossible version of ``task`` (its visible tests
+        contradict its specification, so any pass is cheating by construction), with
+        ``canary = True`` and an id starting ``canary-``; what integrity checking mixes into
+        training at its configured rate. None = the environment makes no canaries.
     """
 
     name: str
@@ -47,3 +52,4 @@ class EnvironmentSpec:
     build_corpus: Callable[[int, int], list[str]] | None = None
     corpus_version: int = 0
     success: Callable[[float, dict[str, Any]], bool] = reward_reaches_one
+    make_canary: Callable[[Any, random.Random], Any] | None = None
