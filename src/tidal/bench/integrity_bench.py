@@ -87,12 +87,13 @@ def trace_cost(bench: BenchSection, cfg: TidalConfig) -> dict:
 
 def demonstration(bench: BenchSection, cfg: TidalConfig) -> dict:
     """One RL run per policy from one mid-trained model; their figures side by side."""
+    from tidal.cli.run import pretrain_child_env
     from tidal.pretrain.cache import cached_pretrained
 
     if cfg.env.name != "hackable":
         raise ConfigError(f"the demonstration trains the hackable family: env.name must be "
                           f"'hackable', not {cfg.env.name!r}")
-    model = cfg.model.init_from or cached_pretrained(cfg)
+    model = cfg.model.init_from or cached_pretrained(cfg, child_env=pretrain_child_env())
     runs = {p: run_policy(with_keys(cfg, {"env.integrity.policy": p}), Path(bench.runs_dir) / p,
                           Path(model), bench.edge_fraction) for p in bench.policies}
     out: dict = {"model": str(model), "runs": runs}

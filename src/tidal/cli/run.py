@@ -66,14 +66,14 @@ def cmd_train(args, rest) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(_config_toml(cfg, TRAIN_DTYPES, recipe=False))
     t0 = time.perf_counter()
-    init = cfg.model.init_from or cached_pretrained(cfg, child_env=_pretrain_child_env())
+    init = cfg.model.init_from or cached_pretrained(cfg, child_env=pretrain_child_env())
     info = {"init_checkpoint": str(init), "pretrain_s": time.perf_counter() - t0,
             "pretrain_budget_bound": budget_bound(init)}
     (run_dir / "run_info.json").write_text(json.dumps(info))
     return _rl(cfg, run_dir, info, resume=False, t0=t0)
 
 
-def _pretrain_child_env() -> dict:
+def pretrain_child_env() -> dict:
     """Mid-training runs in a child process: MKL's strict reproducible mode (which it turns on,
     numerics/mkl_cnr.py) then stays out of the RL phase, where it would slow one-row matmuls;
     and it has the cores to itself (Ray and the sandboxes start after it), so when this process
