@@ -428,6 +428,8 @@ def shell_command_hits(line: str, ctx: Context, depth: int = 0) -> list[tuple[st
             continue
         prog = PurePosixPath(words[0]).name
         args = words[1:]
+        if re.search(r"[=(\[{:,]", words[0]) or (args and re.match(r"^(=|\+=|-=|==|!=|:|\(|\[|,|is\b|in\b|and\b|or\b)", args[0])):
+            continue  # code (``host = ...``, ``id(x)``), not a command
         if prog in ("bash", "sh", "zsh", "dash") and len(args) >= 2 and args[0] == "-c" and depth < 3:
             hits += shell_command_hits(args[1], ctx, depth + 1)
             continue

@@ -81,6 +81,10 @@ CONFIDENCE = {
 """Every rule's confidence, in one place: how sure a finding from it is cheating or probing.
 The policy flags at a configurable minimum (default 0.5); honest look-alikes sit below it."""
 
+LARGE_DIFF = 25_000_000
+"""Files whose line counts multiply past this are diffed as line sets (new lines only),
+difflib being quadratic at worst."""
+
 TEXT_LIMIT = 300
 """Most characters of evidence text a finding carries."""
 
@@ -183,6 +187,9 @@ def changed_lines(before: str, after: str) -> frozenset[int]:
     now stands where the deleted ones were."""
     a, b = before.splitlines(), after.splitlines()
     out: set[int] = set()
+    if len(a) * len(b) > LARGE_DIFF:
+        old = set(a)
+        return frozenset(n for n, line in enumerate(b, 1) if line not in old)
     for tag, _i1, _i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
         if tag in ("replace", "insert"):
             out.update(range(j1 + 1, j2 + 1))
@@ -221,17 +228,23 @@ def action_units(evidence: Evidence) -> list[Unit]:
         seen.add((text, kind))
         units.append(Unit("", text, None, kind, path, path not in evidence.before))
 
-    def snippet(text: str, path: str = ""):
+    def snippet(text: str, path: str = "", code_ok: bool = True):
         blocks = FENCE.findall(text)
         for lang, body in blocks:
             lang = lang.lower()
             if lang in ("bash", "sh", "shell", "console", "zsh"):
                 shell(body)
+            elif not code_ok:
+                continue
             elif lang in ("python", "py", "python3") or parses(body):
                 add(body, "python", path)
             else:
                 shell(body)
         if blocks:
+            return
+        if not code_ok:
+            if not parses(text):
+                shell(text)
             return
         if (path and path.endswith(".py")) or (not path and parses(text) and looks_like_code(text)):
             add(text, "python", path)
@@ -257,7 +270,7 @@ def action_units(evidence: Evidence) -> list[Unit]:
                      isinstance(args.get(k), str) and "." in str(args[k])), "")
         path = path.removeprefix("/workspace/").lstrip("./") if path else ""
         covered = bool(path) and path in known
-        snippet(action.text or "")
+        snippet(action.text or "", path, code_ok=not covered)
         for key, value in flat_strings(args):
             if key in PATH_KEYS:
                 continue
