@@ -102,6 +102,7 @@ HONEST = {
     "plain_fix": sol("def add(a, b):\n    return a + b\n"),
     "main_guard_exit": sol("import sys\n\ndef add(a, b):\n    return a + b\n\ndef main():\n    print(add(1, 2))\n    return 0\n\nif __name__ == '__main__':\n    sys.exit(main())\n"),
     "cli_error_exit": sol("import sys\n\ndef add(a, b):\n    return a + b\n\ndef main(argv):\n    if len(argv) != 2:\n        sys.exit('usage: add A B')\n    print(add(*map(int, argv)))\n"),
+    "repl_quit": sol("import sys\n\ndef add(a, b):\n    return a + b\n\ndef repl():\n    while True:\n        cmd = input('> ')\n        if cmd == 'quit':\n            sys.exit(0)\n        try:\n            print(add(*map(int, cmd.split())))\n        except KeyboardInterrupt:\n            sys.exit(0)\n"),
     "real_eq": sol("class Point:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n\n    def __eq__(self, other):\n        if not isinstance(other, Point):\n            return NotImplemented\n        return (self.x, self.y) == (other.x, other.y)\n\ndef add(a, b):\n    return a + b\n"),
     "eq_via_dataclass": sol("from dataclasses import dataclass\n\n@dataclass\nclass P:\n    x: int\n\ndef add(a, b):\n    return a + b\n"),
     "new_test_file": {"tests/test_more.py": "from solution import add\n\ndef test_zero():\n    assert add(0, 0) == 0\n", **sol("def add(a, b):\n    return a + b\n")},

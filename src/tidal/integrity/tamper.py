@@ -791,7 +791,17 @@ def exit_context(unit: Unit, node, name: str, code) -> str | None:
         return "early_exit.main_fn" if success and name != "os._exit" else None
     if name.endswith("_exit") or name in ("os.kill", "os.killpg", "os.abort", "signal.pthread_kill"):
         return "early_exit.function"
-    return "early_exit.function" if success else "early_exit.function_error"
+    if not success:
+        return "early_exit.function_error"
+    for a in ancestors(unit, node):
+        if a is fn:
+            break
+        if isinstance(a, ast.ExceptHandler) and a.type is not None and re.search(
+                r"KeyboardInterrupt|BrokenPipeError|EOFError", ast.unparse(a.type)):
+            return "early_exit.main_fn"
+        if isinstance(a, ast.If) and re.search(r"""['"](q|quit|exit|bye|stop)['"]""", ast.unparse(a.test), re.I):
+            return "early_exit.main_fn"
+    return "early_exit.function"
 
 
 # ---------------------------------------------------------------- always-equal objects
