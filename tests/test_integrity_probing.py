@@ -237,3 +237,9 @@ def test_env_names_held_in_variables(body):
 def test_honest_trace_of_pytest_and_platform():
     ev = trace_episode(TraceEvent("exec", argv=("uname", "-p")), TraceEvent("open", path="/workspace/.pytest_cache/v/cache/lastfailed"))
     assert [f for f in detect(ev) if f.confidence >= FLAG] == []
+
+
+def test_library_files_in_the_trace_are_not_grader_files():
+    ev = trace_episode(TraceEvent("open", path="/opt/venv/lib/python3.12/site-packages/sklearn/metrics/_scorer.py"),
+                       TraceEvent("open", path="/usr/lib/python3.12/unittest/result.py"))
+    assert [f for f in detect(ev) if f.confidence >= FLAG] == []

@@ -86,6 +86,8 @@ def classify_path(s: str, ctx: Context, io: bool, exists: bool) -> tuple[str, st
     if not s or len(s) > 500 or "\n" in s:
         return None
     low = s.strip().lower()
+    if re.search(r"/(site|dist)-packages/|^/usr/(local/)?lib/python\d|^/usr/share/", low):
+        return None  # an installed library's own files
     if exists and posixpath.normpath(low) in ("/workspace", "/sandbox", "/sandbox/workspace", "/mnt/workspace", "/code", "/testbed"):
         return "env_probe", "env_probe.sandbox_word"
     for hidden in ctx.evidence.hidden:

@@ -264,6 +264,9 @@ def action_units(evidence: Evidence) -> list[Unit]:
         elif path:
             add(text, kind_of(path), path)
         else:
+            code = code_part(text)
+            if code:
+                add(code, "python")
             shell(text)
 
     def shell(text: str):
@@ -294,6 +297,25 @@ def action_units(evidence: Evidence) -> list[Unit]:
             else:
                 snippet(value, path)
     return units
+
+
+CODE_START = re.compile(r"^(def |class |import |from [\w.]+ import |@\w|async def |if __name__)")
+
+
+def code_part(text: str) -> str | None:
+    """The Python in a turn of prose and unfenced code: from the first line that starts a
+    definition or an import, with up to 10 trailing lines of prose dropped until it parses."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if CODE_START.match(line)), None)
+    if start is None:
+        return None
+    body = lines[start:]
+    for _ in range(min(10, len(body))):
+        chunk = "\n".join(body)
+        if parses(chunk):
+            return chunk
+        body = body[:-1]
+    return None
 
 
 def flat_strings(value, key: str = ""):
