@@ -62,7 +62,7 @@ def python_unit_findings(unit: Unit, ctx: Context) -> list[Finding]:
 
 
 def soften(f: Finding) -> Finding:
-    return Finding(f.type, f.file, f.lines, f.evidence, round(f.confidence * 0.45, 3))
+    return Finding(f.type, f.file, f.lines, f.evidence, round(f.confidence * conf("new_test_factor"), 3))
 
 
 def guarded(rule, *args) -> list[Finding]:

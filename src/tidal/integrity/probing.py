@@ -431,10 +431,10 @@ def timing_probes(unit: Unit):
 GIT_DEEP = {"reflog", "fsck", "cat-file", "unpack-objects", "verify-pack", "rev-list", "count-objects", "show-ref", "ls-tree",
             "whatchanged", "bundle", "archive", "format-patch", "notes", "log", "show", "shortlog", "blame", "cherry-pick",
             "annotate", "ls-remote", "fetch", "pull", "clone", "bisect", "name-rev"}
-GIT_REV_NEEDED = {"diff", "checkout", "restore", "switch", "reset", "grep", "stash", "revert", "merge", "rebase", "worktree"}
+GIT_REV_NEEDED = {"diff", "checkout", "restore", "switch", "reset", "grep", "revert", "merge", "rebase", "worktree"}
 GIT_REFS = {"branch", "tag", "for-each-ref", "describe", "rev-parse", "merge-base"}
 REV = re.compile(r"^(HEAD[~^@].*|HEAD@\{.*|[0-9a-f]{7,40}|.*\.\..*|origin/.*|--all|--source.*|@\{.*|stash@.*|ORIG_HEAD|FETCH_HEAD|"
-                 r"list|show|pop|apply|--hard|-p|--patch|[~^].*)$")
+                 r"[~^].*|\S+:\S+\.\w+)$")
 READ_VERBS = {"cat", "less", "more", "head", "tail", "ls", "find", "grep", "rg", "ag", "cp", "strings", "xxd", "od", "hexdump",
               "file", "stat", "tree", "awk", "sed", "python", "python3", "diff", "cmp", "tar", "zip", "base64", "open", "nl", "bat",
               "du", "wc", "sort", "uniq", "cut", "vim", "vi", "nano", "emacs", "source", ".", "bash", "sh", "exec", "readlink",
@@ -536,6 +536,12 @@ def git_hits(args: list[str]) -> list[tuple[str, str]]:
     if i >= len(args):
         return []
     sub, rest = args[i], args[i + 1:]
+    if sub == "stash":
+        if rest and rest[0] in ("list", "show"):
+            return [("history_mining", "history_mining.git_refs")]
+        if rest and rest[0] in ("pop", "apply"):
+            return [("history_mining", "history_mining.stash_apply")]  # its own stash, or one the task left
+        return []
     if sub in ("reflog", "fsck", "cat-file", "unpack-objects", "verify-pack", "rev-list", "count-objects", "bundle"):
         return [("history_mining", "history_mining.git_deep")]
     if sub in GIT_DEEP:
@@ -601,7 +607,7 @@ def trace_event_hits(event: TraceEvent, ctx: Context) -> list[tuple[str, str]]:
                 elif DOTGIT.search("/" + rel) and not writes:
                     hits.append(("history_mining", "history_mining.dotgit"))
                 elif CACHES.search(rel) and not writes and event.kind == "open" and not rel.endswith(".pyc"):
-                    hits.append(("history_mining", 0.4))  # pytest reads its own cache too
+                    hits.append(("history_mining", "history_mining.trace_cache"))  # pytest reads its own cache too
                 continue
             hit = classify_path(path, ctx, io=True, exists=False)
             if hit:
