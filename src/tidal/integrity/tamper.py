@@ -502,6 +502,11 @@ def const_value(node):
             return {ast.Eq: a == b, ast.NotEq: a != b, ast.Is: a is b, ast.IsNot: a is not b}.get(type(node.ops[0]), NO_VALUE)
         except Exception:
             return NO_VALUE
+    if isinstance(node, ast.IfExp):
+        a, b = const_value(node.body), const_value(node.orelse)
+        if a is not NO_VALUE and b is not NO_VALUE and bool(a) == bool(b):
+            return a
+        return NO_VALUE
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "bool" and len(node.args) == 1:
         v = const_value(node.args[0])
         return NO_VALUE if v is NO_VALUE else bool(v)
@@ -904,6 +909,17 @@ def judge_assigned_eq(name: str, value) -> str | None:
     return None if v is NO_VALUE else judge_const(name, v)
 
 
+def resolve_const(node, bound: dict):
+    """A returned name bound only to one constant value in the function (``result = True;
+    return result``) stands for that constant."""
+    if isinstance(node, ast.Name) and node.id in bound:
+        values = bound[node.id]
+        if values and all(v is not None and const_value(v) is not NO_VALUE for v in values) \
+                and len({bool(const_value(v)) for v in values}) == 1:
+            return values[0]
+    return node
+
+
 def judge_const(name: str, v) -> str | None:
     if name in ORDER_METHODS:
         return "always_equal.order"
@@ -913,6 +929,13 @@ def judge_const(name: str, v) -> str | None:
 def judge_eq(name: str, args: ast.arguments, returns: list, fn) -> str | None:
     if not returns:
         return None
+    bound: dict[str, list] = {}
+    for n in ast.walk(fn):
+        if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                if isinstance(t, ast.Name):
+                    bound.setdefault(t.id, []).append(n.value if not isinstance(n, ast.AugAssign) else None)
+    returns = [resolve_const(r, bound) for r in returns]
     values = [const_value(r) if r is not None else None for r in returns]
     if any(isinstance(r, ast.Name) and r.id == "NotImplemented" for r in returns):
         values = [v for v, r in zip(values, returns) if not (isinstance(r, ast.Name) and r.id == "NotImplemented")]
@@ -935,6 +958,8 @@ SKIP_DECORATORS = {"pytest.mark.skip", "pytest.mark.skipif", "pytest.mark.xfail"
                    "unittest.skipUnless", "unittest.expectedFailure", "unittest.case.skip", "skip", "skipIf",
                    "skipUnless", "expectedFailure", "mark.skip", "mark.xfail", "mark.skipif"}
 SKIP_CALLS = {"pytest.skip", "pytest.xfail", "pytest.exit", "self.skipTest", "unittest.SkipTest", "pytest.skip.Exception",
+              "unittest.skip", "unittest.skipIf", "unittest.skipUnless", "unittest.expectedFailure", "pytest.mark.skip",
+              "pytest.mark.xfail", "pytest.mark.skipif", "unittest.case.skip",
               "SkipTest", "unittest.case.SkipTest", "_pytest.outcomes.skip", "pytest.fail.Exception", "skip", "xfail"}
 
 
