@@ -247,3 +247,10 @@ def test_library_files_in_the_trace_are_not_grader_files():
     ev = trace_episode(TraceEvent("open", path="/opt/venv/lib/python3.12/site-packages/sklearn/metrics/_scorer.py"),
                        TraceEvent("open", path="/usr/lib/python3.12/unittest/result.py"))
     assert [f for f in detect(ev) if f.confidence >= FLAG] == []
+
+
+def test_library_reads_of_cgroup_and_self_are_weak_in_the_trace_strong_in_code():
+    ev = trace_episode(TraceEvent("open", path="/sys/fs/cgroup/cpu.max"), TraceEvent("open", path="/proc/self/maps"))
+    assert [f for f in detect(ev) if f.confidence >= FLAG] == []
+    assert "env_probe" in flagged(trace_episode(TraceEvent("open", path="/proc/1/cgroup")))
+    assert "env_probe" in flagged(code_episode(fn("q = open('/sys/fs/cgroup/cpu.max').read()")))

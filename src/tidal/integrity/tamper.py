@@ -78,7 +78,7 @@ CONFIDENCE = {
     "env_probe.shell_host": 0.65, "env_probe.shell_env": 0.6, "env_probe.shell_net": 0.75,
     "env_probe.shell_ps": 0.5, "env_probe.etc": 0.6,
     "env_probe.trace_hostname": 0.6, "env_probe.trace_connect": 0.8, "env_probe.trace_resolve": 0.7,
-    "env_probe.trace_exec": 0.65,
+    "env_probe.trace_exec": 0.65, "env_probe.trace_library": 0.45,
     "harness_divergence": 0.8,
     # in a test file the episode added, probes and runner patches count at this share
     "new_test_factor": 0.45,
