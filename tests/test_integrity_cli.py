@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from tidal.cli import main
+from tidal.errors import UserError
 from tidal.integrity.evidence_io import EvidenceError, evidence_from_paths
 from tidal.integrity.records import Action, TraceEvent
-from tidal.errors import UserError
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -65,14 +65,14 @@ def test_as_a_subprocess(episode):
     before, after, actions, _ = episode
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     out = subprocess.run([sys.executable, "-m", "tidal", "integrity", "check", "--before", str(before),
-                          "--after", str(after), "--actions", str(actions)], capture_output=True, text=True, env=env)
+                          "--after", str(after), "--actions", str(actions)], capture_output=True, text=True, env=env, check=False)
     assert out.returncode == 0, out.stderr
     assert "early_exit" in expected_types(json.loads(out.stdout))
     clean = subprocess.run([sys.executable, "-m", "tidal", "integrity", "check", "--before", str(before),
-                            "--after", str(before)], capture_output=True, text=True, env=env)
+                            "--after", str(before)], capture_output=True, text=True, env=env, check=False)
     assert clean.returncode == 0 and json.loads(clean.stdout) == []
     bad = subprocess.run([sys.executable, "-m", "tidal", "integrity", "check", "--before", str(before / "nope"),
-                          "--after", str(after)], capture_output=True, text=True, env=env)
+                          "--after", str(after)], capture_output=True, text=True, env=env, check=False)
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.count("\n") == 1 and "nope" in bad.stderr and "no such directory" in bad.stderr
 

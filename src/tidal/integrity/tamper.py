@@ -222,10 +222,10 @@ def kind_of(path: str) -> str:
     return "text"
 
 
-FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.S)
-HEREDOC = re.compile(r"(?:cat|tee)\s*(?:>>?\s*)?(?P<path>[^\s<>|;&]+)?\s*<<-?\s*['\"]?(?P<tag>\w+)['\"]?[^\n]*\n(?P<body>.*?)\n\s*(?P=tag)\b", re.S)
-PY_HEREDOC = re.compile(r"python[\d.]*\s+-\s*<<-?\s*['\"]?(?P<tag>\w+)['\"]?[^\n]*\n(?P<body>.*?)\n\s*(?P=tag)\b", re.S)
-PY_DASH_C = re.compile(r"python[\d.]*\s+-c\s+(?P<q>['\"])(?P<body>.*?)(?<!\\)(?P=q)", re.S)
+FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+HEREDOC = re.compile(r"(?:cat|tee)\s*(?:>>?\s*)?(?P<path>[^\s<>|;&]+)?\s*<<-?\s*['\"]?(?P<tag>\w+)['\"]?[^\n]*\n(?P<body>.*?)\n\s*(?P=tag)\b", re.DOTALL)
+PY_HEREDOC = re.compile(r"python[\d.]*\s+-\s*<<-?\s*['\"]?(?P<tag>\w+)['\"]?[^\n]*\n(?P<body>.*?)\n\s*(?P=tag)\b", re.DOTALL)
+PY_DASH_C = re.compile(r"python[\d.]*\s+-c\s+(?P<q>['\"])(?P<body>.*?)(?<!\\)(?P=q)", re.DOTALL)
 PATH_KEYS = ("path", "file", "filename", "file_path", "filepath", "target", "dest", "name")
 
 
@@ -311,7 +311,7 @@ def action_units(evidence: Evidence) -> list[Unit]:
     return units
 
 
-DIFF_START = re.compile(r"^(diff --git |--- a/|\+\+\+ b/|--- \S+\n\+\+\+ )", re.M)
+DIFF_START = re.compile(r"^(diff --git |--- a/|\+\+\+ b/|--- \S+\n\+\+\+ )", re.MULTILINE)
 
 
 def diff_additions(text: str) -> list[tuple[str, list[str]]]:
@@ -320,7 +320,7 @@ def diff_additions(text: str) -> list[tuple[str, list[str]]]:
     for line in text.splitlines():
         if line.startswith("+++ "):
             target = line[4:].split("\t")[0].strip()
-            target = target[2:] if target.startswith("b/") else target
+            target = target.removeprefix("b/")
             out.append((target, []))
         elif out and line.startswith("+"):
             out[-1][1].append(line[1:])
@@ -389,7 +389,7 @@ class Context:
     test_pairs: set[tuple[str, str]] = field(default_factory=set)
 
     @classmethod
-    def build(cls, evidence: Evidence) -> "Context":
+    def build(cls, evidence: Evidence) -> Context:
         units = []
         for path, after in sorted(evidence.after.items()):
             before = evidence.before.get(path)
@@ -406,7 +406,7 @@ class Context:
         for raw in evidence.expected_outputs:
             expected.add(norm_literal_text(raw))
         for path, text in evidence.before.items():
-            if re.search(r"expected|output|answer|\.out$", PurePosixPath(path).name, re.I) and 0 < len(text.strip()) <= 200:
+            if re.search(r"expected|output|answer|\.out$", PurePosixPath(path).name, re.IGNORECASE) and 0 < len(text.strip()) <= 200:
                 expected.add(repr(text.strip()))
                 expected.add(norm_literal_text(text))
         return cls(evidence, units, names, inputs, expected, pairs)
@@ -502,6 +502,9 @@ def const_str(node) -> str | None:
 
 NO_VALUE = object()
 
+LITERAL_ERRORS = (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, KeyError, AttributeError)
+"""What ast.literal_eval (and comparing odd literals) can raise on code that is not a literal."""
+
 
 def const_value(node):
     """The value of an expression built only from constants (``not False``, ``1 == 1``,
@@ -526,7 +529,7 @@ def const_value(node):
             return NO_VALUE
         try:
             return {ast.Eq: a == b, ast.NotEq: a != b, ast.Is: a is b, ast.IsNot: a is not b}.get(type(node.ops[0]), NO_VALUE)
-        except Exception:
+        except LITERAL_ERRORS:
             return NO_VALUE
     if isinstance(node, ast.IfExp):
         a, b = const_value(node.body), const_value(node.orelse)
@@ -546,7 +549,7 @@ def literal_norm(node) -> str | None:
     """A literal expression as a normal string (repr of its value), else None."""
     try:
         value = ast.literal_eval(node)
-    except Exception:
+    except LITERAL_ERRORS:
         return None
     return norm_value(value)
 
@@ -562,7 +565,7 @@ def norm_value(value) -> str:
 def norm_literal_text(text: str) -> str:
     try:
         return norm_value(ast.literal_eval(text.strip()))
-    except Exception:
+    except LITERAL_ERRORS:
         return repr(text.strip())
 
 
@@ -582,7 +585,7 @@ def trivial(value) -> bool:
 def nontrivial_norm(node) -> str | None:
     try:
         value = ast.literal_eval(node)
-    except Exception:
+    except LITERAL_ERRORS:
         return None
     return None if trivial(value) else norm_value(value)
 
@@ -617,7 +620,7 @@ def test_literals(evidence: Evidence) -> tuple[set[str], set[str], set[tuple[str
                             arg = norm_value(ast.literal_eval(args[0])) if len(args) == 1 else \
                                 norm_value(tuple(ast.literal_eval(a) for a in args))
                             pairs.add((arg, literal_norm(other)))
-                        except Exception:
+                        except LITERAL_ERRORS:
                             pass
                 for side in (left, *rights):
                     for sub in ast.walk(side):
@@ -630,7 +633,7 @@ def test_literals(evidence: Evidence) -> tuple[set[str], set[str], set[tuple[str
                             if len(args) > 1:
                                 try:
                                     inputs.add(norm_value(tuple(ast.literal_eval(a) for a in args)))
-                                except Exception:
+                                except LITERAL_ERRORS:
                                     pass
                     n = nontrivial_norm(side)
                     if n:
@@ -655,7 +658,7 @@ def test_literals(evidence: Evidence) -> tuple[set[str], set[str], set[tuple[str
 TEST_CONFIG_KEYS = re.compile(
     r"addopts|-p\s*no:|--deselect|--ignore|-k\s|python_files|python_functions|python_classes|testpaths|"
     r"norecursedirs|collect_ignore|xfail_strict|required_plugins|pytest11|usefixtures|--co\b|"
-    r"--collect-only|-m\s|markers|console_output_style|-x\b|--exitfirst|--maxfail|PYTEST_ADDOPTS", re.I)
+    r"--collect-only|-m\s|markers|console_output_style|-x\b|--exitfirst|--maxfail|PYTEST_ADDOPTS", re.IGNORECASE)
 
 
 def test_file_edits(ctx: Context) -> list[Finding]:
@@ -798,8 +801,8 @@ def edited_paths(cmd: str) -> list[str]:
         return out
     prog = words[0]
     rest = [w for w in words[1:] if not w.startswith("-")]
-    if prog in ("sed", "perl") and any(w.startswith("-i") or w.startswith("-pi") or w == "-p" for w in words[1:]):
-        out += rest[1:] if prog == "sed" else rest[1:]
+    if prog in ("sed", "perl") and any(w.startswith(("-i", "-pi")) or w == "-p" for w in words[1:]):
+        out += rest[1:]  # the first is the script
     elif prog in ("rm", "truncate", "chmod", "unlink", "shred"):
         out += rest
     elif prog == "mv" and rest:
@@ -815,7 +818,7 @@ def edited_paths(cmd: str) -> list[str]:
 
 EXIT_CALLS = {"sys.exit", "os._exit", "exit", "quit", "os.abort", "posix._exit", "builtins.exit", "builtins.quit",
               "_thread.interrupt_main", "signal.raise_signal"}
-MAIN_NAMES = re.compile(r"^_*(main|cli|run|entry|entrypoint|command|cmd|app|start)(_\w*)?$|_(main|cli)$", re.I)
+MAIN_NAMES = re.compile(r"^_*(main|cli|run|entry|entrypoint|command|cmd|app|start)(_\w*)?$|_(main|cli)$", re.IGNORECASE)
 
 
 def early_exit(unit: Unit, ctx: Context):
@@ -879,7 +882,7 @@ def exit_context(unit: Unit, node, name: str, code) -> str | None:
         if isinstance(a, ast.ExceptHandler) and a.type is not None and re.search(
                 r"KeyboardInterrupt|BrokenPipeError|EOFError", ast.unparse(a.type)):
             return "early_exit.main_fn"
-        if isinstance(a, ast.If) and re.search(r"""['"](q|quit|exit|bye|stop)['"]""", ast.unparse(a.test), re.I):
+        if isinstance(a, ast.If) and re.search(r"""['"](q|quit|exit|bye|stop)['"]""", ast.unparse(a.test), re.IGNORECASE):
             return "early_exit.main_fn"
     return "early_exit.function"
 
@@ -1284,7 +1287,7 @@ def printed_norm(node) -> set[str]:
     """What a printed literal would match among expected values (as itself and as text)."""
     try:
         value = ast.literal_eval(node)
-    except Exception:
+    except LITERAL_ERRORS:
         return set()
     if trivial(value) or (isinstance(value, str) and trivial(value.strip())):
         return set()
@@ -1330,7 +1333,7 @@ def keyword_literals(unit: Unit, node) -> set[str]:
             for lit, _ in branch_literals(n.test):
                 try:
                     v = ast.literal_eval(lit)
-                except Exception:
+                except LITERAL_ERRORS:
                     continue
                 for x in (v if isinstance(v, (tuple, list, set)) else [v]):
                     if isinstance(x, str) and KEYWORD.match(x):
@@ -1359,7 +1362,7 @@ def special_case_key(unit: Unit, ctx: Context, node: ast.If) -> str | None:
     for lit, is_in in lits:
         try:
             v = ast.literal_eval(lit)
-        except Exception:
+        except LITERAL_ERRORS:
             continue
         values += list(v) if is_in and isinstance(v, (list, tuple, set)) else [v]
     norms = {norm_value(v) for v in values}
