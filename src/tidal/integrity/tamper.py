@@ -678,6 +678,8 @@ def test_file_edits(ctx: Context) -> list[Finding]:
             rewrote = [op for op in ops if op[0] in ("replace", "delete")
                        and any(x.strip() for x in a[op[1]:op[2]])]
             key = "test_edit.rewritten" if rewrote else "test_edit.appended"
+            if re.sub(r"\s+", "", before) == re.sub(r"\s+", "", after):
+                key = "test_edit.appended"  # reformatted only
             lines = changed_lines(before, after)
             first, last = (min(lines), max(lines)) if lines else (1, 1)
             gone = "\n".join(f"- {x}" for op in rewrote for x in a[op[1]:op[2]])
