@@ -226,6 +226,8 @@ FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 HEREDOC = re.compile(r"(?:cat|tee)\s*(?:>>?\s*)?(?P<path>[^\s<>|;&]+)?\s*<<-?\s*['\"]?(?P<tag>\w+)['\"]?[^\n]*\n(?P<body>.*?)\n\s*(?P=tag)\b", re.DOTALL)
 PY_HEREDOC = re.compile(r"python[\d.]*\s+-\s*<<-?\s*['\"]?(?P<tag>\w+)['\"]?[^\n]*\n(?P<body>.*?)\n\s*(?P=tag)\b", re.DOTALL)
 PY_DASH_C = re.compile(r"python[\d.]*\s+-c\s+(?P<q>['\"])(?P<body>.*?)(?<!\\)(?P=q)", re.DOTALL)
+OLD_TEXT_KEYS = ("old", "old_str", "old_string", "old_text", "search", "find", "before", "original", "pattern")
+"""Tool arguments that quote the file as it was (an edit's search text): not the episode's code."""
 PATH_KEYS = ("path", "file", "filename", "file_path", "filepath", "target", "dest", "name")
 
 
@@ -300,7 +302,7 @@ def action_units(evidence: Evidence) -> list[Unit]:
         covered = bool(path) and path in known
         snippet(action.text or "", path, code_ok=not covered)
         for key, value in flat_strings(args):
-            if key in PATH_KEYS:
+            if key in PATH_KEYS or key in OLD_TEXT_KEYS:
                 continue
             if covered and key not in ("command", "cmd", "script", "shell"):
                 continue
