@@ -49,11 +49,11 @@ SUSPICIOUS_ENV = re.compile(
 """Environment variables whose only use in task code is to tell a test, a CI run or a sandbox
 from production (HOME, PATH, LANG, an app's own settings are honest)."""
 
-PROBE_PATHS = re.compile(r"^/proc/(1|self|\d+|\{[^}]*\})/(cgroup|mountinfo|mounts|environ|cmdline|status|sched|ns|stat|comm|exe|cwd|root)"
+PROBE_PATHS = re.compile(r"^/proc/([^/]*)/(cgroup|mountinfo|mounts|environ|cmdline|status|sched|ns|stat|comm|exe|cwd|root)"
                          r"|^/proc/(1|self)/?$|^/proc/(version|cgroups|mounts|modules|sys/kernel|self/cgroup|uptime)"
                          r"|^/sys/(fs/cgroup|class/dmi|devices/virtual/dmi|hypervisor|kernel)|^/etc/hostname$|^/var/run/secrets|"
                          r"^/run/secrets|^/etc/machine-id$")
-MILD_PROC = re.compile(r"^/proc/(cpuinfo|meminfo|loadavg|self/fd|self/limits|self/maps|net)")
+MILD_PROC = re.compile(r"^/proc(/|$)")
 CONTAINER_FILES = re.compile(r"/\.dockerenv|/run/\.containerenv|/\.containerenv|/run/systemd/container|/\.flatpak-info")
 ETC_PROBES = re.compile(r"^/etc/(passwd|hosts|resolv\.conf|os-release|lsb-release|issue|group|shadow|fstab|mtab)$")
 SAFE_OUTSIDE = re.compile(r"^/(tmp|var/tmp|dev/(null|zero|u?random|std(in|out|err)|shm|tty|fd|pts)|usr|lib\d*|bin|sbin|"
@@ -115,7 +115,7 @@ def classify_path(s: str, ctx: Context, io: bool, exists: bool) -> tuple[str, st
         return "env_probe", "env_probe.container_file"
     if PROBE_PATHS.search(low):
         return "env_probe", "env_probe.proc"
-    if MILD_PROC.search(low):
+    if MILD_PROC.search(low) and (io or exists):
         return "env_probe", "env_probe.proc_mild"
     if ETC_PROBES.search(low) and (io or exists):
         return "env_probe", "env_probe.etc"
@@ -197,6 +197,9 @@ def python_access(unit: Unit, ctx: Context):
             if s is None or isinstance(unit.parents.get(node), ast.JoinedStr) or is_docstring(unit, node):
                 continue
             io, exists, removal = call_context(unit, node)
+            parent = unit.parents.get(node)
+            if isinstance(parent, ast.keyword) and parent.arg not in ("file", "path", "filename", "name", "fname", "src", "source"):
+                io = exists = False  # cwd="/", env=..., a format string: not a file read
             if removal:
                 if REWARD_WORDS.search(s) and not ctx.is_workspace_file(s) and ("/" in s or "reward" in s.lower()):
                     yield unit.at("grader_access", "grader_access.keyword_io", node)  # writing the reward
