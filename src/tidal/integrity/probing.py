@@ -637,7 +637,7 @@ def trace_event_hits(event: TraceEvent, ctx: Context) -> list[tuple[str, str]]:
                 key = "grader_access.trace_keyword" if hit[1] in ("grader_access.keyword_io", "grader_access.keyword") else hit[1]
                 if key == "grader_access.outside_io":
                     key = "grader_access.trace_outside"
-                if key == "env_probe.proc_mild" or (key == "env_probe.proc" and re.match(r"^/(sys/fs/cgroup|proc/self/)", path)):
+                if key == "env_probe.proc_mild" or (key == "env_probe.proc" and re.match(r"^/(sys/fs/cgroup|proc/self/(maps|smaps|stat|statm|status|fd|limits|cgroup|mountinfo|io|task))", path)):
                     key = "env_probe.trace_library"  # libraries read these (CPU quotas, memory maps)
                 hits.append((hit[0], key))
         return hits
