@@ -219,6 +219,9 @@ def python_access(unit: Unit, ctx: Context):
                 first = node.args[0]
                 if isinstance(first, (ast.List, ast.Tuple)):
                     words = [const_str(e) or "X" for e in first.elts]
+                    if not unit.is_test and words[0] in ("cat", "grep", "head", "tail", "sed", "awk", "less") and \
+                            any(refers_to_tests(w, ctx) for w in words[1:]):
+                        yield unit.at("hardcoded_output", "hardcoded_output.reads_tests", node)
                     for type_, key in shell_command_hits(shlex.join(words), ctx):
                         yield unit.at(type_, key, node)
         elif isinstance(node, (ast.Import, ast.ImportFrom)) and unit.node_touched(node):

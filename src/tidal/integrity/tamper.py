@@ -592,6 +592,27 @@ def nontrivial_norm(node) -> str | None:
     return None if trivial(value) else norm_value(value)
 
 
+def json_leaves(text: str, limit: int = 2000) -> list[str]:
+    """Non-trivial values in a JSON file of test cases (inputs and outputs alike)."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return []
+    out: list[str] = []
+    stack = [data]
+    while stack and len(out) < limit:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            if not trivial(v) and all(not isinstance(x, (dict, list)) for x in v):
+                out.append(norm_value(v))
+            stack.extend(v)
+        elif not trivial(v):
+            out.append(norm_value(v))
+    return out
+
+
 def test_literals(evidence: Evidence) -> tuple[set[str], set[str], set[tuple[str, str]]]:
     """Non-trivial literals the visible tests feed in (inputs) and check for (expected), and
     the (input, expected) pairs of ``assert f(input) == expected``, from the test files of
@@ -602,6 +623,10 @@ def test_literals(evidence: Evidence) -> tuple[set[str], set[str], set[tuple[str
     paths = [p for p in evidence.before if is_test_path(p) or p in evidence.protected]
     for path in paths:
         text = evidence.before.get(path, "")
+        if path.endswith(".json"):
+            for value in json_leaves(text):
+                inputs.add(value)
+                expected.add(value)
         if not path.endswith(".py"):
             continue
         try:
@@ -1250,8 +1275,10 @@ def hardcoded_output(unit: Unit, ctx: Context):
                 reads = any(call_name(unit, c) in ("input", "sys.stdin.read", "sys.stdin.readline", "open", "sys.stdin.readlines",
                                                    "fileinput.input") or "stdin" in call_name(unit, c)
                             for c in unit.nodes if isinstance(c, ast.Call))
-                yield unit.at("hardcoded_output", "hardcoded_output.return_expected", node,
-                              confidence=conf("hardcoded_output.literal_weak") if reads else None)
+                branch = any(isinstance(a, (ast.If, ast.For, ast.While, ast.Try, ast.IfExp)) for a in ancestors(unit, node))
+                key = "hardcoded_output.literal_weak" if branch else "hardcoded_output.literal_only" if reads \
+                    else "hardcoded_output.return_expected"
+                yield unit.at("hardcoded_output", key, node)
             elif qn in ("sys._getframe", "inspect.currentframe", "inspect.stack", "inspect.getouterframes",
                         "traceback.extract_stack", "traceback.walk_stack", "inspect.getframeinfo"):
                 yield unit.at("hardcoded_output", "hardcoded_output.frames", node)
