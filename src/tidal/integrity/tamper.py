@@ -1039,6 +1039,9 @@ def skip_marker(unit: Unit, ctx: Context):
             continue
         if isinstance(node, ast.Call):
             qn = call_name(unit, node)
+            parent = unit.parents.get(node)
+            if node in getattr(parent, "decorator_list", ()):
+                continue  # judged with its decorator above
             if qn in SKIP_CALLS or qn.endswith(".skipTest"):
                 hit = node
                 conditional = isinstance(unit.parents.get(unit.parents.get(node)), ast.If)
@@ -1137,7 +1140,7 @@ def patched_target(unit: Unit, node, t):
         base = qualname(t.value, unit.aliases) or ""
         key = const_str(t.slice) or ""
         if base == "sys.modules":
-            strong = key.split(".")[0] in RUNNER_MODULES or key in ctx_module_names(unit)
+            strong = key.split(".")[0] in RUNNER_MODULES
             yield unit.at("runner_patch", "runner_patch.sys_modules_runner" if strong else "runner_patch.sys_modules", node)
             return
         if base in ("__builtins__", "builtins.__dict__", "vars(builtins)"):
@@ -1172,10 +1175,6 @@ def patched_target(unit: Unit, node, t):
             yield unit.at("runner_patch", "runner_patch.assign", node)
     elif isinstance(t, ast.Name) and t.id == "__builtins__":
         yield unit.at("runner_patch", "runner_patch.builtins", node)
-
-
-def ctx_module_names(unit: Unit) -> set[str]:
-    return set()
 
 
 PATCH_FUNCS = ("setattr", "builtins.setattr", "monkeypatch.setattr", "mock.patch", "unittest.mock.patch",
