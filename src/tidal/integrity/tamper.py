@@ -110,6 +110,14 @@ def clip(text: str) -> str:
     return text if len(text) <= TEXT_LIMIT else text[:TEXT_LIMIT - 3] + "..."
 
 
+def rel_path(path: str) -> str:
+    """A workspace path as the evidence keys it: without ``/workspace/`` or leading ``./``."""
+    path = path.removeprefix("/workspace/")
+    while path.startswith("./"):
+        path = path[2:]
+    return path
+
+
 def is_test_path(path: str) -> bool:
     """A visible test by its name: test_*.py, *_test.py, conftest.py, or under tests/."""
     p = PurePosixPath(path)
@@ -285,7 +293,7 @@ def action_units(evidence: Evidence) -> list[Unit]:
 
     def shell(text: str):
         for m in HEREDOC.finditer(text):
-            target = (m.group("path") or "").lstrip("./") if m.group("path") else ""
+            target = rel_path(m.group("path") or "") if m.group("path") else ""
             if target and target in known:
                 continue
             add(m.group("body"), "python" if target.endswith(".py") or parses(m.group("body")) else "text", target)
@@ -298,7 +306,7 @@ def action_units(evidence: Evidence) -> list[Unit]:
         args = action.args if isinstance(action.args, dict) else {}
         path = next((str(args[k]) for k in PATH_KEYS if isinstance(args.get(k), str) and "/" in str(args[k]) or
                      isinstance(args.get(k), str) and "." in str(args[k])), "")
-        path = path.removeprefix("/workspace/").lstrip("./") if path else ""
+        path = rel_path(path) if path else ""
         covered = bool(path) and path in known
         snippet(action.text or "", path, code_ok=not covered)
         for key, value in flat_strings(args):
@@ -415,7 +423,7 @@ class Context:
 
     def is_workspace_file(self, path: str) -> bool:
         """A path (or a dotted name) that is one of the task's own files."""
-        p = path.removeprefix("/workspace/").lstrip("./")
+        p = rel_path(path)
         if p in self.workspace_names or (PurePosixPath(p).name in self.workspace_names and "/" not in p):
             return True
         stems = {PurePosixPath(n).stem for n in self.workspace_names if "/" not in n}
@@ -808,7 +816,7 @@ def shell_test_edits(ctx: Context) -> list[Finding]:
             for cmd in re.split(r"&&|\|\||;|\|", line):
                 hit = edited_paths(cmd)
                 for path in hit:
-                    p = path.removeprefix("/workspace/").lstrip("./")
+                    p = rel_path(path)
                     if p in targets or any(t.endswith("/" + p) or p.endswith("/" + t) for t in targets):
                         out.append(unit.finding("test_edit", "test_edit.shell", n))
                         break
