@@ -611,11 +611,26 @@ def trace_rules(ctx: Context) -> list[Finding]:
     or protected ones inside it), programs executed, network attempts, host-name lookups."""
     out = []
     ev = ctx.evidence
+    installing = {e.run for e in ev.trace if e.kind == "exec" and e.argv
+                  and PurePosixPath(e.argv[0]).name in PACKAGE_MANAGERS
+                  or e.kind == "exec" and len(e.argv) > 2 and e.argv[1:3] == ("-m", "pip")}
+    pristine_hostname = any(HOSTNAME_CALL.search(text) for text in ev.before.values())
     for event in ev.trace:
+        if event.kind in ("connect", "resolve") and event.run in installing:
+            continue  # a package manager's own (denied) traffic, not a probe of the agent's
         text = to_json_text(event.to_json())
         for type_, key in trace_event_hits(event, ctx):
-            out.append(Finding(type_, "", None, text, key if isinstance(key, float) else conf(key)))
+            confidence = key if isinstance(key, float) else conf(key)
+            if event.kind == "hostname" and pristine_hostname:
+                confidence = conf("env_probe.trace_hostname_pristine")
+            out.append(Finding(type_, "", None, text, confidence))
     return out
+
+
+PACKAGE_MANAGERS = {"pip", "pip3", "uv", "npm", "yarn", "pnpm", "apt", "apt-get", "conda", "poetry"}
+"""Programs whose network attempts are their own business (fetching packages), not a probe."""
+HOSTNAME_CALL = re.compile(r"gethostname\(|platform\.node\(|os\.uname\(|getfqdn\(")
+"""A host-name lookup in the task's own code: the trace's hostname events may be its doing."""
 
 
 def trace_event_hits(event: TraceEvent, ctx: Context) -> list[tuple[str, str]]:
