@@ -157,13 +157,29 @@ class Sandbox:
         files[MAIN] = code
         if self._pool is not None:  # the warm interpreter (same flags) runs main.py in-process
             return self._run_warm(Job(code=code, main=MAIN, files=files, stdin=stdin))
+        if self.cfg.trace:  # through BOOT, started now, so that the trace hook is in place
+            return self._starter.run(Job(code=code, main=MAIN, files=files, stdin=stdin), Place())
         return self.run([self.python, "-E", "-s", "-S", MAIN], files, stdin)
 
     def rollout(self, image: TaskImage) -> Rollout:
         """A rollout's own copy-on-write workspace over `image`, kept across its runs: what
         its programs write never reaches the image or another rollout. Close it (or use it as
         a context manager) when the rollout ends."""
+        if image.python_env is not None:
+            self._check_env(image.python_env)
         return Rollout(self._starter, self._pool, image, self.copy_on_write_mode())
+
+    def _check_env(self, env) -> None:
+        base = os.path.realpath(env.python)
+        if base != self.python:
+            raise SandboxError(f"the task image's python env {env.path} was built for {base}, "
+                               f"but this sandbox runs {self.python}: build it with "
+                               f"build_python_env(..., python={self.python!r})")
+        if self.backend == "bwrap" and (env.path + "/").startswith(("/tmp/", "/dev/", "/proc/",
+                                                                    "/workspace/")):
+            raise SandboxError(f"the python env {env.path} is under a directory the bwrap "
+                               "sandbox replaces (/tmp is the workspace there): set "
+                               "sandbox.env_cache_dir elsewhere, e.g. /var/tmp/tidal-envs")
 
     def copy_on_write_mode(self) -> str:
         """"overlay" or "copy": how rollouts layer over their image here (probed once)."""
