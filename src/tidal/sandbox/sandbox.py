@@ -66,6 +66,26 @@ not root, it runs as tidal's own user: it can then read whatever tidal can, sign
 processes, fork without limit and leave daemons behind. `Sandbox()` logs a warning naming what
 is missing whenever it has to use this backend under backend="auto".
 
+Traces (trace.py; SandboxConfig.trace, on by default): every run_python, every run of a rollout,
+and every warm run records what the program did (TraceEvent: exec, open outside the workspace
+or for writing, remove, rename, connect, resolve, hostname, trace_end at a normal exit) through
+an audit hook that BOOT installs before the job's code runs, writing JSON lines to a pipe the
+supervisor drains beside stdout and stderr with its own cap. An in-process audit hook sees
+what the Python program does through Python. The program can blind the trace by closing the fd
+(nothing after is recorded; the hook never writes into a file that reused the number), by
+exec-ing a non-Python binary (the exec itself is recorded, not what the binary does), or
+through ctypes / native code; os.uname raises no audit event and is not recorded. It cannot
+remove the hook or unwrite a line already written, but it can write lines of its own (forged
+events, a forged trace_end): a trace shows what was done, it does not prove what was not. A
+missing trace_end (killed, os._exit, the fd closed, the trace over its cap) is itself a clue.
+A cold `run(argv)` is not traced (RunResult.trace None); an argv run through BOOT records just
+its exec.
+
+Protected files of a task image (image.py) are read-only in every rollout: bind-mounted
+read-only over an overlay workspace (holds on bwrap), owned by tidal with mode 0444 in sticky
+directories in a copy workspace (holds only with a uid of its own per run). Rollout.files()
+reads the workspace host-side, never following a link; changed_protected() checks them.
+
 Not covered by either backend: kernel exploits (the program shares the host kernel and may
 create user namespaces), side channels and CPU contention between runs, disk use by many
 files (RLIMIT_FSIZE caps each file, not their number), memory outside the address space
