@@ -112,7 +112,11 @@ def test_a_flood_is_capped_and_the_run_goes_on(sandbox):
 
 def test_tracing_off_gives_no_trace(sandbox):
     with Sandbox(make_config(sandbox.backend, trace=False)) as quiet:
-        assert quiet.run_python("print(1)").trace is None
+        r = quiet.run_python("print(1)")
+        assert (r.exit_code, r.stdout, r.trace) == (0, "1\n", None), r.stderr
+        with TaskImage.from_files({"a": "b"}) as image, quiet.rollout(image) as rollout:
+            r = rollout.run_python("print(open('a').read())")
+            assert (r.exit_code, r.stdout, r.trace, rollout.trace) == (0, "b\n", None, []), r
 
 
 def test_a_rollout_gathers_its_runs_traces(sandbox):

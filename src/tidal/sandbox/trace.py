@@ -65,7 +65,10 @@ def _tidal_trace(fd, root, watch, skip):
     def emit(kind, fields):
         if not on[0]:
             return
-        line = '{"kind":"' + kind + '"' + "".join(',"' + k + '":' + v for k, v in fields) + "}\n"
+        line = '{"kind":"' + kind + '"'
+        for k, v in fields:
+            line += ',"' + k + '":' + v
+        line += "}\n"
         try:
             if fstat(fd).st_ino != inode:
                 raise OSError
@@ -78,7 +81,8 @@ def _tidal_trace(fd, root, watch, skip):
             p = p.decode("utf-8", "surrogateescape")
         if not p.startswith("/"):
             p = getcwd() + "/" + p
-        p = norm(p)
+        if "/." in p or "//" in p:  # (normpath costs more than the rest of an event)
+            p = norm(p)
         if root != "/workspace" and (p == root or p.startswith(root + "/")):
             p = "/workspace" + p[len(root):]
         return p
