@@ -156,3 +156,19 @@ def test_an_env_for_another_interpreter_is_refused(env):
     with TaskImage.from_files({"a": "b"}, python_env=env) as image:
         with pytest.raises(SandboxError, match="was built for"):
             sandbox.rollout(image)
+
+
+def test_an_env_the_fresh_uid_cannot_reach_is_refused(tmp_path):
+    try:
+        sandbox = Sandbox(make_config("subprocess", python=PYTHON))
+    except SandboxError as e:
+        pytest.skip(f"subprocess unusable here: {e}")
+    if not sandbox._runner.drops_privileges:
+        pytest.skip("runs here are not a fresh uid")
+    private = tmp_path / "private"
+    (private / "env").mkdir(parents=True)
+    private.chmod(0o700)
+    env = PythonEnv(str(private / "env"), PYTHON, str(private / "env" / "lib"), ())
+    with TaskImage.from_files({"a": "b"}, python_env=env) as image:
+        with pytest.raises(SandboxError, match="not traversable"):
+            sandbox.rollout(image)

@@ -200,6 +200,12 @@ class Sandbox:
             raise SandboxError(f"the python env {env.path} is under a directory the bwrap "
                                "sandbox replaces (/tmp is the workspace there): set "
                                "sandbox.env_cache_dir elsewhere, e.g. /var/tmp/tidal-envs")
+        if self.backend != "bwrap" and self._runner.drops_privileges:
+            closed = _untraversable_parent(env.path)
+            if closed is not None:
+                raise SandboxError(f"the python env {env.path} is unreachable for the subprocess "
+                                   f"backend's fresh uid: {closed} is not traversable by others; "
+                                   "set sandbox.env_cache_dir elsewhere, e.g. /var/tmp/tidal-envs")
 
     def copy_on_write_mode(self) -> str:
         """"overlay" or "copy": how rollouts layer over their image here (probed once)."""
@@ -303,6 +309,22 @@ def _resolve_python(configured: str) -> str:
     if not os.path.isabs(path) or not os.access(real, os.X_OK):
         raise SandboxError(f"sandbox.python {path!r} is not an absolute path to an executable")
     return real
+
+
+def _untraversable_parent(path: str) -> str | None:
+    """The first directory on the way to `path` that others cannot traverse, or None."""
+    parent = os.path.dirname(path)
+    parents = []
+    while parent not in ("/", ""):
+        parents.append(parent)
+        parent = os.path.dirname(parent)
+    for parent in reversed(parents):
+        try:
+            if not os.stat(parent).st_mode & 0o001:
+                return parent
+        except FileNotFoundError:  # (a missing env fails later, when a run imports from it)
+            return None
+    return None
 
 
 def _stdin_file(text: str | None):
