@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from tidal.bench.config import StrList, config_record, main, with_keys
+from tidal.bench.config import IntList, StrList, config_record, main, with_keys
 from tidal.config import ConfigError, TidalConfig
 from tidal.section import Section
 
@@ -50,6 +50,12 @@ class BenchSection(Section):
     """Trivial programs timed per side (trace on, trace off) for the trace's cost."""
     edge_fraction: float = Field(0.25, gt=0, le=0.5)
     """The share of a run's steps its "first" and "last" cheat rates are averaged over."""
+    rl_levels: IntList = [3, 5]
+    """The demonstration's RL tasks: fewest and most operations in f (env.args.levels), harder
+    than the mid-training corpus's (the family's default levels, 1-3). There honest success is
+    rare and the hacks pay: measured here, a log-policy run went from a 5% to a 60-90% cheat
+    rate within 20 steps on these levels, while on levels 1-3 (honest pass ~70%) it stayed at
+    5-15% for 32 steps."""
 
 
 def run(bench: BenchSection, cfg: TidalConfig, json_path: str | None) -> int:
@@ -80,9 +86,16 @@ def suite_figures(bench: BenchSection, cfg: TidalConfig) -> dict:
 
 
 def trace_cost(bench: BenchSection, cfg: TidalConfig) -> dict:
-    from tidal.bench.sandbox_bench import trace_overhead
+    """The sandbox benchmark's trace on/off A/B (tidal.bench.sandbox_bench.trace_costs) on the
+    run's sandbox settings: p50 start-to-result of the trivial program each way."""
+    from tidal.bench.sandbox_bench import trace_costs
 
-    return trace_overhead(cfg.env.sandbox, bench.trace_runs)
+    out = trace_costs(cfg.env.sandbox, bench.trace_runs, TRACE_GAP_S)
+    return {**out, "overhead_ms": out["trace_overhead_ms"]}
+
+
+TRACE_GAP_S = 0.02
+"""Pause between timed runs, as the sandbox benchmark's default gap_ms (the warm pool refills)."""
 
 
 def demonstration(bench: BenchSection, cfg: TidalConfig) -> dict:
@@ -94,9 +107,11 @@ def demonstration(bench: BenchSection, cfg: TidalConfig) -> dict:
         raise ConfigError(f"the demonstration trains the hackable family: env.name must be "
                           f"'hackable', not {cfg.env.name!r}")
     model = cfg.model.init_from or cached_pretrained(cfg, child_env=pretrain_child_env())
-    runs = {p: run_policy(with_keys(cfg, {"env.integrity.policy": p}), Path(bench.runs_dir) / p,
-                          Path(model), bench.edge_fraction) for p in bench.policies}
-    out: dict = {"model": str(model), "runs": runs}
+    levels = list(bench.rl_levels)
+    runs = {p: run_policy(with_keys(cfg, {"env.integrity.policy": p, "env.args.levels": levels}),
+                          Path(bench.runs_dir) / p, Path(model), bench.edge_fraction)
+            for p in bench.policies}
+    out: dict = {"model": str(model), "rl_levels": levels, "runs": runs}
     if "log" in runs:
         out["cheat_rate_off"] = runs["log"]["cheat_rate_last"]
     if "screen" in runs:
