@@ -53,6 +53,23 @@ def make_config(backend: str, **overrides) -> SandboxConfig:
                             **FAST, **overrides})
 
 
+def open_sandbox(backend: str, copy_on_write: str | None = None, **overrides):
+    """Yield a Sandbox on ``backend`` (make_config's names), checked to layer rollouts in
+    ``copy_on_write`` mode when one is given; skip the test, naming why, where it is unusable
+    here. For module fixtures: ``yield from open_sandbox(...)``."""
+    if copy_on_write is not None:
+        overrides["copy_on_write"] = copy_on_write
+    try:
+        sandbox = Sandbox(make_config(backend, **overrides))
+        if copy_on_write is not None:
+            assert sandbox.copy_on_write_mode() == copy_on_write
+    except SandboxError as e:
+        where = backend if copy_on_write is None else f"{backend} with {copy_on_write} workspaces"
+        pytest.skip(f"{where} unusable here: {e}")
+    with sandbox:
+        yield sandbox
+
+
 @pytest.fixture(scope="module", params=["bwrap", "bwrap-warm", "subprocess", "subprocess-warm"])
 def backend(request) -> str:
     try:

@@ -7,13 +7,12 @@ on every layout, while the agent's other edits and deletions show in files().
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
-from tidal.sandbox import TRUNCATED, Sandbox, SandboxError, TaskImage, changed_protected
+from tidal.sandbox import TRUNCATED, Sandbox, TaskImage, changed_protected
 from tidal.sandbox.files import SYMLINK
-from test_sandbox import make_config
+from test_sandbox import open_sandbox
 from test_sandbox_rollout import image_state
 
 TEST = "def test_it():\n    import app\n    assert app.VALUE == 1\n"
@@ -52,14 +51,7 @@ os.symlink("/etc/passwd", "link")
 
 @pytest.fixture(scope="module", params=LAYOUTS, ids=lambda p: f"{p[0]}-{p[1]}")
 def sandbox(request):
-    backend, mode = request.param
-    try:
-        sandbox = Sandbox(make_config(backend, copy_on_write=mode))
-        assert sandbox.copy_on_write_mode() == mode
-    except SandboxError as e:
-        pytest.skip(f"{backend} with {mode} workspaces unusable here: {e}")
-    with sandbox:
-        yield sandbox
+    yield from open_sandbox(*request.param)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 
 from tidal.sandbox import PythonEnv, Sandbox, SandboxError, TaskImage, build_python_env
 from tidal.sandbox import pyenv
-from test_sandbox import make_config
+from test_sandbox import make_config, open_sandbox
 
 PYTHON = "/usr/bin/python3"
 """One interpreter for both backends: as root the subprocess backend's fresh uid must reach
@@ -52,14 +52,7 @@ def env(cache_dir) -> PythonEnv:
 @pytest.fixture(scope="module", params=LAYOUTS, ids=lambda p: f"{p[0]}-{p[1]}")
 def sandbox(request):
     backend, mode = request.param
-    try:
-        sandbox = Sandbox(make_config(backend, python=PYTHON, copy_on_write=mode,
-                                      timeout_s=30.0, memory_mb=1024))
-        assert sandbox.copy_on_write_mode() == mode
-    except SandboxError as e:
-        pytest.skip(f"{backend} with {mode} workspaces unusable here: {e}")
-    with sandbox:
-        yield sandbox
+    yield from open_sandbox(backend, mode, python=PYTHON, timeout_s=30.0, memory_mb=1024)
 
 
 @pytest.fixture

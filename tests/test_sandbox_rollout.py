@@ -19,7 +19,7 @@ from tidal.sandbox import Sandbox, SandboxError, TaskImage
 from tidal.sandbox.rollout import ROLLOUT_PREFIX
 from tidal.sandbox.warm import WARM_MARKER, Job, Place
 from tidal.sandbox.workspace import TEMP_PREFIX
-from test_sandbox import make_config, processes_with
+from test_sandbox import make_config, open_sandbox, processes_with
 
 IMAGE_FILES = {"README": "task\n", "src/app.py": "VALUE = 1\n", "src/lib/util.py": "X = 2\n"}
 
@@ -30,14 +30,7 @@ LAYOUTS = [("bwrap-warm", "overlay"), ("bwrap", "overlay"), ("bwrap-warm", "copy
 
 @pytest.fixture(scope="module", params=LAYOUTS, ids=lambda p: f"{p[0]}-{p[1]}")
 def sandbox(request):
-    backend, mode = request.param
-    try:
-        sandbox = Sandbox(make_config(backend, copy_on_write=mode))
-        assert sandbox.copy_on_write_mode() == mode
-    except SandboxError as e:
-        pytest.skip(f"{backend} with {mode} workspaces unusable here: {e}")
-    with sandbox:
-        yield sandbox
+    yield from open_sandbox(*request.param)
 
 
 @pytest.fixture
@@ -157,12 +150,7 @@ def backend_for_limits(request):
 
 @pytest.fixture(scope="module", params=["bwrap-warm", "subprocess-warm"])
 def warm(request):
-    try:
-        sandbox = Sandbox(make_config(request.param))
-    except SandboxError as e:
-        pytest.skip(f"{request.param} unusable here: {e}")
-    with sandbox:
-        yield sandbox
+    yield from open_sandbox(request.param)
 
 
 def test_runs_go_to_a_prestarted_sandbox(warm):

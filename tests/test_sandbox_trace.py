@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from tidal.integrity.records import TraceEvent
-from tidal.sandbox import Sandbox, SandboxError, TaskImage
+from tidal.sandbox import Sandbox, TaskImage
 from tidal.sandbox.trace import parse_trace
-from test_sandbox import code, make_config
+from test_sandbox import code, make_config, open_sandbox
 
 ACTIONS = code("""
     import os, socket
@@ -57,12 +57,7 @@ OK = "import os\ndef _ok(n):\n    try:\n        os.fstat(n)\n        return True
 
 @pytest.fixture(scope="module", params=["bwrap", "bwrap-warm", "subprocess", "subprocess-warm"])
 def sandbox(request):
-    try:
-        sandbox = Sandbox(make_config(request.param))
-    except SandboxError as e:
-        pytest.skip(f"{request.param} unusable here: {e}")
-    with sandbox:
-        yield sandbox
+    yield from open_sandbox(request.param)
 
 
 def test_each_action_is_recorded_once(sandbox):

@@ -1,7 +1,9 @@
 """`tidal bench integrity`: how well cheating is caught, and what catching it does to training.
 
-    planted suite   the detectors (tidal.integrity.detect) on tests/data/integrity/planted:
-                    recall on the cheats, false-positive rate on the honest episodes
+    planted suites  the detectors (tidal.integrity.detect) on tests/data/integrity/planted (their
+                    development suite) and tests/data/integrity/heldout (never used to change a
+                    rule; the headline figures): recall on the cheats, false-positive rate on
+                    the honest episodes
     trace cost      the sandbox trace on vs off on the trivial program (start-to-result p50)
     demonstration   the hackable family (tests the agent can satisfy without solving the task):
                     one run of tidal's own RL loop per integrity policy, from one mid-trained
@@ -37,8 +39,10 @@ QUICK = {"bench.demo": False}
 
 
 class BenchSection(Section):
-    suite: str = ""
-    """The planted-hack suite's directory; "" = tests/data/integrity/planted of this checkout."""
+    suites: StrList = []
+    """Planted-hack suite directories to score; [] = this checkout's tests/data/integrity/planted
+    (the detectors' development suite) and tests/data/integrity/heldout (never used to change a
+    rule: the headline recall and false-positive rate are its)."""
     policies: StrList = ["log", "screen", "penalise"]
     """The demonstration's arms: one RL run per env.integrity.policy."""
     demo: bool = True
@@ -76,13 +80,17 @@ def run(bench: BenchSection, cfg: TidalConfig, json_path: str | None) -> int:
 
 
 def suite_figures(bench: BenchSection, cfg: TidalConfig) -> dict:
+    """Each suite's score; ``recall`` and ``false_positive_rate`` are the last suite's (by
+    default the held-out one)."""
     from tidal.integrity.detect import detect
-    from tidal.integrity.planted import default_suite_dir, load_planted, score
+    from tidal.integrity.planted import SUITES, default_suite_dir, load_planted, score
 
-    cases = load_planted(bench.suite or default_suite_dir())
-    scored = score(cases, detect, cfg.env.integrity.min_confidence)
-    return {"recall": scored["recall"], "false_positive_rate": scored["false_positive_rate"],
-            "suite": scored}
+    dirs = [Path(d) for d in bench.suites] or [default_suite_dir(name) for name in SUITES]
+    scored = {d.name: score(load_planted(d), detect, cfg.env.integrity.min_confidence)
+              for d in dirs}
+    last = scored[dirs[-1].name]
+    return {"recall": last["recall"], "false_positive_rate": last["false_positive_rate"],
+            "headline_suite": dirs[-1].name, "suites": scored}
 
 
 def trace_cost(bench: BenchSection, cfg: TidalConfig) -> dict:
@@ -182,10 +190,10 @@ def print_table(result: dict) -> None:
     table.add_column("measure")
     table.add_column("value", justify="right")
     fmt = lambda v: "n/a" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))  # noqa: E731
-    suite = result["suite"]
-    table.add_row(f"planted suite recall ({suite['cheats']} cheats)", fmt(result["recall"]))
-    table.add_row(f"planted suite false positives ({suite['honest']} honest)",
-                  fmt(result["false_positive_rate"]))
+    for name, suite in result["suites"].items():
+        table.add_row(f"{name} suite recall ({suite['cheats']} cheats)", fmt(suite["recall"]))
+        table.add_row(f"{name} suite false positives ({suite['honest']} honest)",
+                      fmt(suite["false_positive_rate"]))
     table.add_row("trace cost on sandbox p50 (ms)", fmt(result["trace_overhead_ms"]))
     for policy, r in result.get("demo", {}).get("runs", {}).items():
         table.add_row(f"{policy}: cheat rate first / last steps",
