@@ -102,3 +102,15 @@ def test_the_online_gate_blocks_a_candidate_that_is_flagged_more_when_both_have_
     assert not result.passed and result.failed == ["integrity"]
     assert gate_verdict(honest, honest, GateConfig()).passed
     assert "integrity" not in gate_verdict(inputs(None), honest, GateConfig()).tests
+
+
+def test_results_divergence_finds_a_policy_that_cheats_only_when_served():
+    from tidal.integrity.probing import results_divergence
+
+    honest = [IntegrityResult([], True, True) for _ in range(40)]
+    cheat = Finding("hardcoded_output", "f.py", (2, 2), "    return 8", 0.9)
+    served = [IntegrityResult([cheat], True, False) for _ in range(30)] + honest[:10]
+    found = results_divergence(honest, served)
+    assert {f.type for f in found} == {"harness_divergence"}
+    assert any("findings: 0/40 in training vs 30/40 in serving" in f.evidence for f in found)
+    assert results_divergence(honest, honest) == []

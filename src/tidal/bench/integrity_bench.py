@@ -54,6 +54,10 @@ class BenchSection(Section):
     """Trivial programs timed per side (trace on, trace off) for the trace's cost."""
     edge_fraction: float = Field(0.25, gt=0, le=0.5)
     """The share of a run's steps its "first" and "last" cheat rates are averaged over."""
+    divergence_tasks: int = Field(64, ge=0)
+    """Held-out tasks run through the training harness and through tidal serve's policy server
+    (the last demonstration run's final checkpoint, or the mid-trained model without the
+    demonstration) for the harness-divergence check; 0 = skip it."""
     rl_levels: IntList = [3, 5]
     """The demonstration's RL tasks: fewest and most operations in f (env.args.levels), harder
     than the mid-training corpus's (the family's default levels, 1-3). There honest success is
@@ -72,6 +76,8 @@ def run(bench: BenchSection, cfg: TidalConfig, json_path: str | None) -> int:
         result["demo"] = demonstration(bench, cfg)
         result["canary"] = {p: result["demo"]["runs"][p]["canary_cheat_rate_by_eval"]
                             for p in result["demo"]["runs"]}
+    if bench.divergence_tasks:
+        result["harness_divergence"] = serving_divergence(bench, cfg, result.get("demo"))
     print_table(result)
     if json_path:
         write_json(json_path, result)
@@ -132,6 +138,29 @@ def demonstration(bench: BenchSection, cfg: TidalConfig) -> dict:
     if "log" in runs and "screen" in runs and runs["log"]["cheat_rate_last"]:
         out["on_over_off"] = runs["screen"]["cheat_rate_last"] / runs["log"]["cheat_rate_last"]
     return out
+
+
+def serving_divergence(bench: BenchSection, cfg: TidalConfig, demo: dict | None) -> dict:
+    """tidal.bench.integrity_divergence on held-out tasks of the demonstration's levels."""
+    import json
+
+    from tidal.bench.integrity_divergence import divergence
+    from tidal.cli.run import pretrain_child_env
+    from tidal.env import from_config
+    from tidal.pretrain.cache import cached_pretrained
+    from tidal.sandbox import Sandbox
+
+    if demo is not None:
+        last = list(demo["runs"].values())[-1]
+        checkpoint = json.loads((Path(last["run_dir"]) / "summary.json").read_text())["final_checkpoint"]
+    else:  # (the cache key is the corpus's: before the RL levels are set)
+        checkpoint = str(cfg.model.init_from or cached_pretrained(cfg, child_env=pretrain_child_env()))
+    cfg = with_keys(cfg, {"env.args.levels": list(bench.rl_levels)})
+    with Sandbox(cfg.env.sandbox) as sandbox:
+        env = from_config(cfg.env, sandbox)
+        tasks = env.sample_tasks(bench.divergence_tasks, cfg.orchestrator.heldout_seed, True)
+        out = divergence(checkpoint, cfg, env, tasks, cfg.run.seed)
+    return {"checkpoint": checkpoint, **out}
 
 
 def run_policy(cfg: TidalConfig, run_dir: Path, model: Path, edge: float) -> dict:
@@ -195,6 +224,10 @@ def print_table(result: dict) -> None:
         table.add_row(f"{name} suite false positives ({suite['honest']} honest)",
                       fmt(suite["false_positive_rate"]))
     table.add_row("trace cost on sandbox p50 (ms)", fmt(result["trace_overhead_ms"]))
+    if "harness_divergence" in result:
+        d = result["harness_divergence"]
+        table.add_row(f"harness divergence findings ({d['tasks']} tasks, train vs serve)",
+                      str(len(d["findings"])))
     for policy, r in result.get("demo", {}).get("runs", {}).items():
         table.add_row(f"{policy}: cheat rate first / last steps",
                       f"{fmt(r['cheat_rate_first'])} / {fmt(r['cheat_rate_last'])}")

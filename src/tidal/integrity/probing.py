@@ -22,7 +22,7 @@ import re
 import shlex
 from pathlib import PurePosixPath
 
-from tidal.integrity.records import Evidence, Finding, TraceEvent
+from tidal.integrity.records import Evidence, Finding, IntegrityResult, TraceEvent
 from tidal.integrity.tamper import (
     GRADER_WORDS,
     Context,
@@ -696,14 +696,25 @@ def harness_divergence(train: list[Evidence], serve: list[Evidence], alpha: floa
     reverse) shows here even when no single episode is flagged."""
     from tidal.integrity.detect import detect
 
+    def result(e: Evidence) -> IntegrityResult:
+        return IntegrityResult(detect(e), e.visible_pass, e.hidden_pass, e.canary)
+
+    return results_divergence([result(e) for e in train], [result(e) for e in serve], alpha,
+                              min_confidence)
+
+
+def results_divergence(train: list[IntegrityResult], serve: list[IntegrityResult],
+                       alpha: float = 0.01, min_confidence: float = 0.5) -> list[Finding]:
+    """``harness_divergence`` on episodes already checked (``Trajectory.integrity``)."""
     if not train or not serve:
         return []
 
-    def rates(evs):
-        flagged = sum(1 for e in evs if any(f.confidence >= min_confidence for f in detect(e)))
-        vis = [e.visible_pass for e in evs if e.visible_pass is not None]
-        hid = [e.hidden_pass for e in evs if e.hidden_pass is not None]
-        return {"findings": (flagged, len(evs)), "visible passes": (sum(vis), len(vis)), "hidden passes": (sum(hid), len(hid))}
+    def rates(results):
+        flagged = sum(1 for r in results if r.flagged(min_confidence))
+        vis = [r.visible_pass for r in results if r.visible_pass is not None]
+        hid = [r.hidden_pass for r in results if r.hidden_pass is not None]
+        return {"findings": (flagged, len(results)), "visible passes": (sum(vis), len(vis)),
+                "hidden passes": (sum(hid), len(hid))}
 
     a, b = rates(train), rates(serve)
     out = []
