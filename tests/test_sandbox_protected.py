@@ -7,6 +7,7 @@ on every layout, while the agent's other edits and deletions show in files().
 
 from __future__ import annotations
 
+from pathlib import Path
 
 import pytest
 
@@ -110,3 +111,18 @@ def test_changed_protected_names_changed_and_missing_files(image):
 def test_protected_must_name_files_of_the_image(bad):
     with pytest.raises(ValueError):
         TaskImage.from_files(FILES, protected=[bad])
+
+
+def test_a_task_dirs_history_and_caches_are_sealed_out_of_its_image(tmp_path):
+    src = tmp_path / "repo"
+    (src / ".git" / "objects").mkdir(parents=True)
+    (src / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (src / "pkg" / "__pycache__").mkdir(parents=True)
+    (src / "pkg" / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"\0cached fix")
+    (src / ".mypy_cache").mkdir()
+    (src / "pkg" / "mod.py").write_text("def f(x):\n    return x\n")
+    with TaskImage.from_dir(str(src)) as image:
+        kept = sorted(str(p.relative_to(image.path)) for p in Path(image.path).rglob("*"))
+    assert kept == ["pkg", "pkg/mod.py"]
+    with TaskImage.from_dir(str(src), keep_history=True) as image:
+        assert (Path(image.path) / ".git" / "HEAD").is_file()

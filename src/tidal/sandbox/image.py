@@ -29,6 +29,10 @@ from tidal.sandbox.pyenv import PythonEnv
 from tidal.sandbox.workspace import check_file_name, remove_tree, write_file
 
 IMAGE_PREFIX = "tidal-image-"
+SEALED_NAMES = (".git", ".hg", ".svn", ".bzr", "__pycache__", "*.pyc", ".pytest_cache",
+                ".mypy_cache", ".ruff_cache", ".pyre", ".pytype", ".hypothesis", ".tox", ".nox")
+"""What TaskImage.from_dir leaves out of a task (any depth) unless told to keep history: the
+repository's history and the caches of earlier runs, where the known fix can be read."""
 
 
 class TaskImage:
@@ -59,13 +63,20 @@ class TaskImage:
 
     @classmethod
     def from_dir(cls, source: str, python_env: PythonEnv | None = None,
-                 protected: tuple[str, ...] | list[str] = ()) -> "TaskImage":
-        """An image holding a copy of the directory `source` (symlinks copied as links)."""
+                 protected: tuple[str, ...] | list[str] = (),
+                 keep_history: bool = False) -> "TaskImage":
+        """An image holding a copy of the directory `source` (symlinks copied as links).
+
+        History is sealed: unless ``keep_history``, version-control metadata and the caches of
+        earlier runs (SEALED_NAMES: ``.git``, ``__pycache__``, ``.mypy_cache``, ...) are left
+        out, so an agent cannot mine the commit that fixed the task or a type checker's
+        leftovers for the answer."""
         if not os.path.isdir(source):
             raise ValueError(f"task image source {source!r} is not an existing directory")
         image = cls._empty(python_env)
         os.rmdir(image.path)
-        shutil.copytree(source, image.path, symlinks=True)
+        ignore = None if keep_history else shutil.ignore_patterns(*SEALED_NAMES)
+        shutil.copytree(source, image.path, symlinks=True, ignore=ignore)
         return image._finish(protected)
 
     @classmethod
