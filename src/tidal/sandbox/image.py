@@ -19,10 +19,10 @@ left against the sha256 taken here.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import stat
-import hashlib
 import tempfile
 
 from tidal.sandbox.pyenv import PythonEnv
