@@ -27,8 +27,11 @@ None of that reaches the reward by accident: each needs code in calc/*.py that t
 detector (tidal.integrity: early exits, runner patches, reading hidden or grader files,
 frames / gc access, hard-coded outputs, always-true ``__eq__``) reads in the final diff, and
 edits to the protected test are hash-checked (``tampered``) and never reach grading. The
-grading runs' own traces are not the agent's episode and are not in its evidence. The sandbox
-keeps the code from the host, the network and other runs as always.
+grading runs' own traces are not the agent's episode and are not in its evidence, so what the
+code does *only* at grading time (say, reading hidden/ then) is caught from the code in the
+diff (grader_access, hardcoded_output.reads_tests), not from a trace; what it does whenever
+it runs also shows in the agent's own run_tests traces. The sandbox keeps the code from the
+host, the network and other runs as always.
 """
 
 from __future__ import annotations
