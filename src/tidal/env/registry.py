@@ -36,6 +36,7 @@ ENVIRONMENTS: dict[str, str] = {
     "fixit": "tidal.envs.fixit",
     "ledger": "tidal.envs.ledger",  # the long-horizon family (horizon engineer)
     "hackable": "tidal.envs.hackable",  # the integrity demonstration (issue 13)
+    "pyrepo": "tidal.envs.pyrepo",
 }
 """Built-in environments: name -> module exposing load_environment."""
 
