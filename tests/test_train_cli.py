@@ -58,6 +58,15 @@ def test_eval_command(tiny_ckpt, capsys):
     assert main(["eval", str(tiny_ckpt), "--tasks", "3", "--engine.max_new_tokens", "8"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["tasks"] == 3 and 0.0 <= out["pass1"] <= 1.0
+    assert out["integrity"] is None  # funcs keeps no evidence
+
+
+def test_eval_reports_the_cheat_and_canary_rates_of_a_checkpoint(tiny_ckpt, capsys):
+    assert main(["eval", str(tiny_ckpt), "--tasks", "3", "--engine.max_new_tokens", "8",
+                 "--env.name", "hackable", "--env.integrity.eval_canaries", "4"]) == 0
+    integrity = json.loads(capsys.readouterr().out)["integrity"]
+    assert integrity["canary_episodes"] + integrity["episodes"] > 0
+    assert {"cheat_rate", "flag_rate", "canary_cheat_rate"} <= set(integrity)
 
 
 def test_missing_checkpoint_is_one_clear_error(tmp_path, capsys):

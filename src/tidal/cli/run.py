@@ -169,7 +169,7 @@ def cmd_eval(args, rest) -> int:
     from tidal.engine.engine import Engine
     from tidal.env import from_config
     from tidal.model import from_pretrained, load_tokenizer
-    from tidal.orchestrator.evaluate import heldout_pass1
+    from tidal.orchestrator.evaluate import canary_metrics, eval_canaries, heldout_pass1
     from tidal.sandbox import Sandbox
 
     cfg = _load(args, rest)
@@ -178,7 +178,13 @@ def cmd_eval(args, rest) -> int:
     model = from_pretrained(args.checkpoint, dtype=getattr(torch, cfg.model.dtype))
     engine = Engine(model, load_tokenizer(args.checkpoint), cfg.engine)
     tasks = env.sample_tasks(args.tasks or oc.heldout_tasks, oc.heldout_seed, True)
-    result = heldout_pass1(engine, env, tasks, cfg.harness, oc.eval_samples_per_task, cfg.run.seed)
+    ic = cfg.env.integrity
+    result = heldout_pass1(engine, env, tasks, cfg.harness, oc.eval_samples_per_task, cfg.run.seed,
+                           min_confidence=ic.min_confidence)
+    canaries = eval_canaries(env, tasks, ic.eval_canaries, oc.heldout_seed)
+    integrity = result["integrity"].add(canary_metrics(engine, env, canaries, cfg.harness,
+                                                       cfg.run.seed, ic.min_confidence))
+    result["integrity"] = integrity.to_json() if integrity.episodes else None
     result["checkpoint"] = str(args.checkpoint)
     print(json.dumps(result, indent=2))
     return 0
