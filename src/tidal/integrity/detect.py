@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 
-from tidal.integrity import probing, tamper
+from tidal.integrity import probing, tamper, units
+from tidal.integrity.confidence import clip, conf
 from tidal.integrity.records import Evidence, Finding
-from tidal.integrity.tamper import Context, Unit, clip, conf
+from tidal.integrity.units import Context, Unit
 
 PY_RULES = tamper.PY_RULES + probing.PY_RULES
 """Rules over parsed Python code."""
@@ -87,7 +88,7 @@ def grader_findings(ev: Evidence) -> list[Finding]:
         if after is None:
             out.append(Finding("test_edit", path, None, clip(f"deleted protected file {path}"), conf("test_edit.protected")))
             continue
-        lines = tamper.changed_lines(before or "", after) if before is not None else frozenset(range(1, len(after.splitlines()) + 1))
+        lines = units.changed_lines(before or "", after) if before is not None else frozenset(range(1, len(after.splitlines()) + 1))
         first, last = (min(lines), max(lines)) if lines else (1, 1)
         text = "\n".join(after.splitlines()[first - 1:last]) or f"changed protected file {path}"
         out.append(Finding("test_edit", path, (first, last), clip(text), conf("test_edit.protected")))

@@ -8,9 +8,9 @@
                   environment variables, /proc and container files, 'pytest' in sys.modules,
                   timing a sleep, network reachability, the user id, sandbox words compared
 
-Python is read with ``ast`` (see tamper.py for the shared Unit / Context), shell commands line by
+Python is read with ``ast`` (see units.py for the shared Unit / Context), shell commands line by
 line, and the sandbox trace event by event. ``harness_divergence`` compares the same tasks run
-in the training and the serving harness. Confidences are tamper.CONFIDENCE.
+in the training and the serving harness. Confidences are confidence.CONFIDENCE.
 """
 
 from __future__ import annotations
@@ -22,21 +22,19 @@ import re
 import shlex
 from pathlib import PurePosixPath
 
+from tidal.integrity.confidence import clip, conf, to_json_text
 from tidal.integrity.records import Evidence, Finding, IntegrityResult, TraceEvent
-from tidal.integrity.tamper import (
+from tidal.integrity.units import (
     GRADER_WORDS,
     Context,
     Unit,
     ancestors,
     call_name,
-    clip,
-    conf,
     const_str,
     enclosing_function,
     in_try,
     is_test_path,
     qualname,
-    to_json_text,
 )
 
 SUSPICIOUS_ENV = re.compile(
@@ -530,7 +528,7 @@ def shell_command_hits(line: str, ctx: Context, depth: int = 0) -> list[tuple[st
             if SUSPICIOUS_ENV.match(var) and prog in ("echo", "printf", "test", "[", "[[", "if", "cat", "printenv"):
                 hits.append(("env_probe", "env_probe.env_suspicious"))
         if prog.startswith("python") and "-c" in args:
-            continue  # the code itself is read as Python (tamper.action_units)
+            continue  # the code itself is read as Python (units.action_units)
         verb = prog in READ_VERBS or prog.startswith("python")
         removal = prog in ("rm", "rmdir", "unlink", "shred") or "-delete" in args
         for a in args:
