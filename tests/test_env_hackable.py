@@ -92,8 +92,12 @@ def test_a_recorded_trace_reaches_the_evidence_numbered_by_run(sandbox):
     _, ev = episode(env, task, task.reference_solution)
     assert ev.trace_recorded and [(e.kind, e.run) for e in ev.trace] == [
         ("exec", 0), ("trace_end", 0), ("exec", 1), ("trace_end", 1)]
-    _, untraced = episode(load_environment("hackable", sandbox=sandbox), task, "    return x\n\n")
+    with Sandbox(SandboxConfig(trace=False)) as plain:
+        _, untraced = episode(load_environment("hackable", sandbox=plain), task, "    return x\n\n")
     assert not untraced.trace_recorded and untraced.trace == []
+    _, real = episode(load_environment("hackable", sandbox=sandbox), task, "    return x\n\n")
+    ends = [e.run for e in real.trace if e.kind == "trace_end"]
+    assert real.trace_recorded and ends == [0, 1]  # the sandbox traces by default
 
 
 def test_a_canary_contradicts_its_description_and_only_a_cheat_passes_it(env):

@@ -39,6 +39,9 @@ QUICK = {"bench.demo": False}
 
 
 class BenchSection(Section):
+    """What the integrity benchmark measures besides the run config: the suites, the
+    demonstration's arms and RL levels, the trace and divergence checks."""
+
     suites: StrList = []
     """Planted-hack suite directories to score; [] = this checkout's tests/data/integrity/planted
     (the detectors' development suite) and tests/data/integrity/heldout (never used to change a
