@@ -4,12 +4,30 @@ rollout, and graded by hidden pytest tests in a fresh sandbox after the episode 
 items 0-2 end to end): tasks.py, grader.py, environment.py. No mid-training corpus."""
 
 from tidal.envs.pyrepo.config import PyrepoConfig
-from tidal.envs.pyrepo.environment import (PyrepoEnvironment, hidden_tests_pass,
-                                           load_environment, pytest_env)
-from tidal.envs.pyrepo.grader import (VERDICT_PROGRAM, Grading, PytestVerdict, grade_repo,
-                                      verdict_program)
-from tidal.envs.pyrepo.tasks import (EDITABLE, GENERATOR_VERSION, HIDDEN_FILE, OPS_FILE,
-                                     PROTECTED, VISIBLE_FILE, RepoTask, make_task, sample_tasks)
+from tidal.envs.pyrepo.environment import (
+                                           PyrepoEnvironment,
+                                           hidden_tests_pass,
+                                           load_environment,
+                                           pytest_env,
+)
+from tidal.envs.pyrepo.grader import (
+                                           VERDICT_PROGRAM,
+                                           Grading,
+                                           PytestVerdict,
+                                           grade_repo,
+                                           verdict_program,
+)
+from tidal.envs.pyrepo.tasks import (
+                                           EDITABLE,
+                                           GENERATOR_VERSION,
+                                           HIDDEN_FILE,
+                                           OPS_FILE,
+                                           PROTECTED,
+                                           VISIBLE_FILE,
+                                           RepoTask,
+                                           make_task,
+                                           sample_tasks,
+)
 
 Config = PyrepoConfig
 """The model of ``env.args`` (tidal.env.registry validates them with it)."""

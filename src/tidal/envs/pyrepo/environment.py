@@ -27,8 +27,16 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from tidal.env import (EnvironmentSpec, Rubric, RubricScore, StepResult,
-                       ToolEnvironment, ToolError, parse_call, run_blocking)
+from tidal.env import (
+    EnvironmentSpec,
+    Rubric,
+    RubricScore,
+    StepResult,
+    ToolEnvironment,
+    ToolError,
+    parse_call,
+    run_blocking,
+)
 from tidal.env.sealed import safe_path
 from tidal.env.toolcall import MalformedCall
 from tidal.envs.pyrepo import tasks
@@ -36,7 +44,13 @@ from tidal.envs.pyrepo.config import PyrepoConfig
 from tidal.envs.pyrepo.grader import Grading, grade_repo
 from tidal.envs.pyrepo.tasks import HIDDEN_FILE, PROTECTED, RepoTask
 from tidal.integrity.records import Action, Evidence
-from tidal.sandbox import TRUNCATED, PythonEnv, TaskImage, build_python_env, changed_protected
+from tidal.sandbox import (
+    TRUNCATED,
+    PythonEnv,
+    TaskImage,
+    build_python_env,
+    changed_protected,
+)
 
 PACKAGES = ["pytest"]
 WRITER = ".tidal-write.py"
@@ -79,7 +93,7 @@ def hidden_tests_pass(reward: float, info: dict) -> bool:
 
 async def hidden_tests(task: RepoTask, env: "PyrepoEnvironment") -> float:
     """The reward: 1.0 iff the hidden tests pass on the grading files."""
-    return 1.0 if (await env.graded()).hidden.passed else 0.0
+    return 1.0 if (await env.graded()).hidden_pass else 0.0
 
 
 RUBRIC = Rubric([(hidden_tests, 1.0)])
@@ -179,13 +193,17 @@ class PyrepoEnvironment(ToolEnvironment):
     def report(self, info: dict[str, Any]) -> dict[str, Any]:
         if self.grading is not None:
             hidden = self.grading.hidden
-            info = {**info, "hidden_pass": float(hidden.passed),
+            info = {**info, "hidden_pass": float(self.grading.hidden_pass),
+                    "hidden_pytest_pass": float(hidden.passed),
+                    "hidden_outputs_pass": float(self.grading.outputs.passed),
                     "visible_pass": float(self.grading.visible.passed),
                     "hidden_passed": hidden.tests_passed, "hidden_total": hidden.total,
                     "tampered": len(self.tampered)}
         return super().report(info)
 
     def reason(self, score: RubricScore) -> str:
+        if self.grading.hidden.passed and not self.grading.outputs.passed:
+            return "hidden_outputs_wrong"  # the pytest run passed, f's outputs did not
         return self.grading.hidden.reason
 
     async def end(self, reason: str) -> StepResult:
@@ -205,7 +223,7 @@ class PyrepoEnvironment(ToolEnvironment):
             trace=list(self.rollout.trace), protected=PROTECTED, hidden=(HIDDEN_FILE,),
             expected_outputs=tuple(repr(y) for _, y in self.task.visible),
             trace_recorded=self._traced and self.rollout.runs > 0,
-            visible_pass=self.grading.visible.passed, hidden_pass=self.grading.hidden.passed)
+            visible_pass=self.grading.visible.passed, hidden_pass=self.grading.hidden_pass)
 
     async def close(self) -> None:
         if self.rollout is not None:

@@ -4,8 +4,10 @@ After the episode the grading files are built from scratch (tidal.env.sealed.gra
 the task's pristine files, the agent's final ``calc/*.py`` (nothing else it wrote: no
 ``conftest.py``, ``pytest.ini``, ``sitecustomize.py``, no edited test) and the hidden tests.
 They become a fresh TaskImage carrying the pytest env, and each verdict runs in its own fresh
-rollout over it: hidden/ (the reward) and tests/ (the *pristine* visible tests, not the agent's
-copy). The verdict program (VERDICT_PROGRAM) reads a fresh nonce from stdin before importing
+rollout over it: hidden/ and tests/ (the *pristine* visible tests, not the agent's copy). A
+third run, in a sandbox with the pristine files and the agent's calc/*.py but no hidden test,
+prints f's outputs on the hidden inputs for the host to compare (``run_outputs``). The reward
+is the hidden pytest verdict and the outputs together (``Grading.hidden_pass``). The verdict program (VERDICT_PROGRAM) reads a fresh nonce from stdin before importing
 anything of the agent's, runs ``pytest.main`` (no cache, ``--noconftest``) with a plugin that
 counts the test reports, and its ``pytest_sessionfinish`` hook prints one line
 ``<nonce> pass|fail <passed> <total>``. The host passes it iff the word is ``pass`` and
@@ -19,7 +21,10 @@ grading process itself, after pytest and the counting plugin. So its code can st
   - patch pytest's internals, the plugin's counters or its report objects (gc, frames,
     ``sys.modules``), or find the nonce in the verdict program's memory and print a forged
     ``pass`` line: the nonce stops only blind forgery;
-  - read the hidden test file (it is in the grading workspace) and special-case its inputs;
+  - read the hidden test file (it is in the grading workspace) and special-case its inputs:
+    that alone no longer pays, because the reward also needs f's outputs on the hidden inputs
+    from a third sandbox that holds no hidden test (``run_outputs``: sealed grading's outputs
+    mode, the answers compared on the host);
   - return an object whose ``__eq__`` is always true: the hidden tests check ``type(got) is
     int``, the visible ones do not.
 
@@ -36,12 +41,13 @@ host, the network and other runs as always.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
 from tidal.env import NONCE_PREAMBLE, grading_slots, parse_verdict
-from tidal.env.sealed import grading_files
+from tidal.env.sealed import OUTPUTS_WORD, SealedVerdict, grade_sealed, grading_files
 from tidal.envs.pyrepo.tasks import HIDDEN_FILE, VISIBLE_FILE, RepoTask
 from tidal.sandbox import PythonEnv, TaskImage
 
@@ -92,10 +98,39 @@ class PytestVerdict:
     trace: Any = None
 
 
+OUTPUTS_PROGRAM = NONCE_PREAMBLE + """\
+sys.dont_write_bytecode = True
+_inputs = {inputs!r}
+try:
+    from calc.ops import f as _f
+except BaseException:
+    print(_nonce, "no_import", flush=True)
+    raise SystemExit(0)
+def _one(_x):
+    try:
+        _y = _f(_x)
+        return repr(_y) if type(_y) is int else "?"
+    except Exception:
+        return "!"
+print(_nonce, "%s", *[_one(_x) for _x in _inputs], flush=True)
+""" % OUTPUTS_WORD
+"""Prints ``<nonce> out y1 y2 ...`` for the hidden inputs (``?`` for a non-int, ``!`` for an
+exception); it runs where neither the hidden tests nor their answers are."""
+
+
 @dataclass(frozen=True)
 class Grading:
     hidden: PytestVerdict
     visible: PytestVerdict
+    outputs: SealedVerdict
+    """f's outputs on the hidden inputs, compared on the host (sealed grading's outputs mode)
+    in a sandbox without the hidden tests."""
+
+    @property
+    def hidden_pass(self) -> bool:
+        """The reward's verdict: the hidden pytest tests pass AND f's outputs on their inputs,
+        computed where no answer is, match."""
+        return self.hidden.passed and self.outputs.passed
 
 
 def verdict_program(target: str) -> str:
@@ -133,4 +168,13 @@ def grade_repo(sandbox, task: RepoTask, final_files: dict[str, str],
                               protected=(HIDDEN_FILE, VISIBLE_FILE)) as image:
         hidden = run_verdict(sandbox, image, "hidden", len(task.hidden))
         visible = run_verdict(sandbox, image, "tests", len(task.visible))
-    return Grading(hidden, visible)
+    return Grading(hidden, visible, run_outputs(sandbox, task, final_files))
+
+
+def run_outputs(sandbox, task: RepoTask, final_files: dict[str, str]) -> SealedVerdict:
+    """f on the hidden inputs in a fresh sandbox holding the pristine files and the agent's
+    calc/*.py but no hidden test: the answers stay on the host (tidal.env.sealed)."""
+    sealed = dataclasses.replace(task.sealed(), hidden={},
+                                 expected=tuple(repr(y) for _, y in task.hidden))
+    program = OUTPUTS_PROGRAM.format(inputs=[x for x, _ in task.hidden])
+    return grade_sealed(sandbox, sealed, final_files, program=program)
