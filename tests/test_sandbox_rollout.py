@@ -16,7 +16,6 @@ import uuid
 import pytest
 
 from tidal.sandbox import Sandbox, SandboxError, TaskImage
-from tidal.sandbox.rollout import ROLLOUT_PREFIX
 from tidal.sandbox.warm import WARM_MARKER, Job, Place
 from tidal.sandbox.workspace import TEMP_PREFIX
 from test_sandbox import make_config, open_sandbox, processes_with
@@ -98,15 +97,14 @@ def test_program_cannot_reach_the_image_on_the_host(sandbox, image):
 
 def test_closing_a_rollout_removes_its_layer_and_processes(sandbox, image):
     marker = f"tidal-rollout-daemon-{uuid.uuid4().hex}"
-    before = set(glob.glob(os.path.join(tempfile.gettempdir(), ROLLOUT_PREFIX + "*")))
     rollout = sandbox.rollout(image)
+    layer = rollout._dir
     rollout.run_python("import os, sys\nif os.fork() == 0:\n    os.setsid()\n"
                        f"    os.execv(sys.executable, [sys.executable, '-c', 'import time; "
                        f"time.sleep(60)  # {marker}'])\n")
     rollout.close()
     assert processes_with(marker) == []
-    after = set(glob.glob(os.path.join(tempfile.gettempdir(), ROLLOUT_PREFIX + "*")))
-    assert after <= before
+    assert not os.path.exists(layer)  # (its own layer: other processes may be making theirs)
     with pytest.raises(ValueError, match="closed"):
         rollout.run(["true"])
 
@@ -185,8 +183,13 @@ def test_a_warm_sandbox_that_died_while_waiting_is_replaced(warm):
     assert (r.exit_code, r.stdout) == (0, "ran\n"), r.stderr
 
 
-def test_closing_the_pool_leaves_nothing(warm):
-    workspaces = os.path.join(tempfile.gettempdir(), TEMP_PREFIX + "*")
+def test_closing_the_pool_leaves_nothing(warm, monkeypatch):
+    for future in list(warm._pool._ready):  # the fixture's own pool starts nothing meanwhile
+        future.result()
+    private = tempfile.mkdtemp(prefix="tidal-test-tmp-")  # only this test's workspaces in it
+    os.chmod(private, 0o755)  # reachable by a run's own uid, as /tmp is
+    monkeypatch.setattr(tempfile, "tempdir", private)
+    workspaces = os.path.join(private, TEMP_PREFIX + "*")
     before = set(glob.glob(workspaces))
     sandbox = Sandbox(make_config(warm.backend + "-warm", warm_pool=3))
     assert sandbox.run_python("print(1)").stdout == "1\n"
@@ -198,3 +201,4 @@ def test_closing_the_pool_leaves_nothing(warm):
     assert all(proc.returncode is not None for proc in waiting)  # reaped
     with pytest.raises(RuntimeError, match="closed"):
         sandbox.run_python("print(1)")
+    os.rmdir(private)  # empty: nothing of the pool's is left in it
