@@ -49,8 +49,8 @@ class BenchSection(Section):
     policies: StrList = ["log", "screen", "penalise"]
     """The demonstration's arms: one RL run per env.integrity.policy."""
     demo: bool = True
-    """Run the demonstration (three RL runs, ~20 minutes on 2 cores); False: the suite and the
-    trace cost only."""
+    """Run the demonstration (three RL runs; ~25 minutes measured on 2 busy cores); False: the
+    suites, the trace cost and the divergence check only."""
     runs_dir: str = "runs/bench-integrity"
     """Where the demonstration's runs are written, one folder per policy (must not hold them yet)."""
     trace_runs: int = Field(200, ge=10)
@@ -145,8 +145,6 @@ def demonstration(bench: BenchSection, cfg: TidalConfig) -> dict:
 
 def serving_divergence(bench: BenchSection, cfg: TidalConfig, demo: dict | None) -> dict:
     """tidal.bench.integrity_divergence on held-out tasks of the demonstration's levels."""
-    import json
-
     from tidal.bench.integrity_divergence import divergence
     from tidal.cli.run import pretrain_child_env
     from tidal.env import from_config
@@ -154,8 +152,7 @@ def serving_divergence(bench: BenchSection, cfg: TidalConfig, demo: dict | None)
     from tidal.sandbox import Sandbox
 
     if demo is not None:
-        last = list(demo["runs"].values())[-1]
-        checkpoint = json.loads((Path(last["run_dir"]) / "summary.json").read_text())["final_checkpoint"]
+        checkpoint = list(demo["runs"].values())[-1]["final_checkpoint"]
     else:  # (the cache key is the corpus's: before the RL levels are set)
         checkpoint = str(cfg.model.init_from or cached_pretrained(cfg, child_env=pretrain_child_env()))
     cfg = with_keys(cfg, {"env.args.levels": list(bench.rl_levels)})
@@ -199,6 +196,7 @@ def run_figures(run_dir: Path, edge: float) -> dict:
         "flag_rate_last": _pooled(steps[-k:], "flagged", "episodes"),
         "screened": sum(r.get("integrity/screened", 0) for r in steps),
         "penalised": sum(r.get("integrity/penalised", 0) for r in steps),
+        "final_checkpoint": summary["final_checkpoint"],
         "hidden_pass_before": summary["heldout_pass1_before"],
         "hidden_pass_after": summary["heldout_pass1_after"],
         "canary_cheat_rate_by_eval": [{"label": e["label"], "step": e["step"],

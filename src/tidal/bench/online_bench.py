@@ -20,7 +20,6 @@ first if missing). Every phase runs `tidal serve` as a child process and talks t
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import time
 from pathlib import Path

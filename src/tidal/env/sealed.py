@@ -62,7 +62,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidal.env.grading import NO_RESULT, grading_slots, parse_verdict
+from tidal.env.grading import NO_RESULT, NONCE_PREAMBLE, grading_slots, parse_verdict
 
 RUNNER_CONFIG = ("conftest.py", "sitecustomize.py", "usercustomize.py", "pytest.ini", "*.pth")
 """Basenames that configure the test runner or the interpreter: grading takes them from the
@@ -70,6 +70,35 @@ pristine files only (or not at all), never from the agent, whatever ``editable``
 
 OUTPUTS_WORD = "out"
 """The verdict word of an outputs-mode line: ``<nonce> out v1 v2 ...``."""
+
+INT_OUTPUTS_PROGRAM = NONCE_PREAMBLE + """\
+sys.dont_write_bytecode = True
+_inputs = {inputs!r}
+try:
+    from {module} import {name} as _f
+except SyntaxError:
+    print(_nonce, "syntax_error", flush=True)
+    raise SystemExit(0)
+except Exception:
+    print(_nonce, "runtime_error", flush=True)
+    raise SystemExit(0)
+def _one(_x):
+    try:
+        _y = _f(_x)
+        return repr(_y) if type(_y) is int else "?"
+    except Exception:
+        return "!"
+print(_nonce, "%s", *[_one(_x) for _x in _inputs], flush=True)
+""" % OUTPUTS_WORD
+
+
+def int_outputs_program(module: str, name: str, inputs: list) -> str:
+    """An outputs-mode grading program for a function of one argument returning an int: it
+    imports ``name`` from ``module`` and prints ``<nonce> out y1 y2 ...`` for ``inputs``
+    (``?`` for anything but an int, whose repr an always-equal object cannot fake; ``!`` for an
+    exception). The answers are not in it: the host compares (SealedTask.expected)."""
+    return INT_OUTPUTS_PROGRAM.format(module=module, name=name, inputs=list(inputs))
+
 
 PROGRAM_FILE = "main.py"
 """Where ``Sandbox.run_python`` writes a grading program: no task file may use this path."""

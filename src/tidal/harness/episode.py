@@ -30,6 +30,7 @@ from typing import Any
 from tidal.engine.request import GenerationRequest
 from tidal.env.base import Environment, StepResult
 from tidal.env.toolcall import OBS_CLOSE, OBS_OPEN
+from tidal.env.tools import run_blocking
 from tidal.harness.config import HarnessConfig
 from tidal.harness.seeds import derive_seed
 from tidal.harness.segments import SegmentBuilder
@@ -134,7 +135,8 @@ class Episode:
                 return await self._skip()
             self.seg = SegmentBuilder(self.head, self.no_experts)
             final = await self._loop()
-            self.result.integrity = check_integrity(self.env)
+            # in a thread: detectors parse every changed file, and the other episodes go on
+            self.result.integrity = await run_blocking(check_integrity, self.env)
         finally:
             await self.env.close()
         self.segments.append(self.seg.to_segment())

@@ -59,7 +59,7 @@ def heldout_pass1(engine, env, tasks: list[Any], harness_cfg: HarnessConfig,
 def eval_canaries(env, heldout: list[Any], n: int, seed: int) -> list[Any]:
     """``n`` impossible tasks made from the first held-out tasks (the same at every evaluation
     of a run, so checkpoints compare on one set); [] where the environment makes none."""
-    make = getattr(env, "make_canary", None)
+    make = env.make_canary
     if make is None or n <= 0:
         return []
     rng = random.Random(f"eval-canaries-{seed}")

@@ -80,7 +80,7 @@ def training_tasks(cfg: TidalConfig, env: EnvironmentSpec, step: int) -> list:
 def with_canaries(tasks: list, env: EnvironmentSpec, rate: float, rng: random.Random) -> list:
     """``tasks`` with each replaced by ``env.make_canary(task, rng)`` with probability ``rate``
     (unchanged where the environment makes no canaries)."""
-    make = getattr(env, "make_canary", None)
+    make = env.make_canary
     if make is None or rate <= 0:
         return tasks
     return [make(t, rng) if rng.random() < rate else t for t in tasks]

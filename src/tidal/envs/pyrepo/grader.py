@@ -47,7 +47,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidal.env import NONCE_PREAMBLE, grading_slots, parse_verdict
-from tidal.env.sealed import OUTPUTS_WORD, SealedVerdict, grade_sealed, grading_files
+from tidal.env.sealed import (
+    SealedVerdict,
+    grade_sealed,
+    grading_files,
+    int_outputs_program,
+)
 from tidal.envs.pyrepo.tasks import HIDDEN_FILE, VISIBLE_FILE, RepoTask
 from tidal.sandbox import PythonEnv, TaskImage
 
@@ -96,26 +101,6 @@ class PytestVerdict:
     tests_passed: int
     total: int
     trace: Any = None
-
-
-OUTPUTS_PROGRAM = NONCE_PREAMBLE + """\
-sys.dont_write_bytecode = True
-_inputs = {inputs!r}
-try:
-    from calc.ops import f as _f
-except BaseException:
-    print(_nonce, "no_import", flush=True)
-    raise SystemExit(0)
-def _one(_x):
-    try:
-        _y = _f(_x)
-        return repr(_y) if type(_y) is int else "?"
-    except Exception:
-        return "!"
-print(_nonce, "%s", *[_one(_x) for _x in _inputs], flush=True)
-""" % OUTPUTS_WORD
-"""Prints ``<nonce> out y1 y2 ...`` for the hidden inputs (``?`` for a non-int, ``!`` for an
-exception); it runs where neither the hidden tests nor their answers are."""
 
 
 @dataclass(frozen=True)
@@ -176,5 +161,5 @@ def run_outputs(sandbox, task: RepoTask, final_files: dict[str, str]) -> SealedV
     calc/*.py but no hidden test: the answers stay on the host (tidal.env.sealed)."""
     sealed = dataclasses.replace(task.sealed(), hidden={},
                                  expected=tuple(repr(y) for _, y in task.hidden))
-    program = OUTPUTS_PROGRAM.format(inputs=[x for x, _ in task.hidden])
+    program = int_outputs_program("calc.ops", "f", [x for x, _ in task.hidden])
     return grade_sealed(sandbox, sealed, final_files, program=program)
