@@ -24,14 +24,8 @@ import random
 
 from tidal.env import OBS_OPEN, format_call
 from tidal.envs import funcs
-from tidal.envs.fixit.environment import (
-    RUBRIC,
-    Fixit,
-    FixitConfig,
-    FixitTask,
-    code_of,
-    sample_tasks,
-)
+from tidal.envs.fixit.environment import (RUBRIC, Fixit, FixitConfig, FixitTask, code_of,
+                                          sample_tasks)
 from tidal.envs.funcs import Grade
 from tidal.harness import Episode, GenerationRequest, GenerationResult, HarnessConfig
 from tidal.model import ByteTokenizer

@@ -29,15 +29,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tidal.env import (
-    EnvironmentSpec,
-    Rubric,
-    RubricScore,
-    StepResult,
-    ToolEnvironment,
-    ToolError,
-    run_blocking,
-)
+from tidal.env import (EnvironmentSpec, Rubric, RubricScore, StepResult, ToolEnvironment,
+                       ToolError, run_blocking)
 from tidal.envs import funcs
 from tidal.envs.funcs import Grade
 

@@ -8,24 +8,10 @@ from tidal.envs.funcs.config import FuncsConfig
 from tidal.envs.funcs.corpus import build_corpus
 from tidal.envs.funcs.environment import FuncsEnvironment, load_environment
 from tidal.envs.funcs.grader import Grade, grade_many
-from tidal.envs.funcs.tasks import (
-                                    CONST_RANGE,
-                                    GENERATOR_VERSION,
-                                    OP_BY_NAME,
-                                    OPS,
-                                    Task,
-                                    canonical,
-                                    describe,
-                                    evaluate,
-                                    is_heldout,
-                                    make_task,
-                                    parse_solution,
-                                    random_spec,
-                                    sample_tasks,
-                                    slip,
-                                    solution_text,
-                                    split_specs,
-)
+from tidal.envs.funcs.tasks import (CONST_RANGE, GENERATOR_VERSION, OP_BY_NAME, OPS, Task,
+                                    canonical, describe, evaluate, is_heldout, make_task,
+                                    parse_solution, random_spec, sample_tasks, slip,
+                                    solution_text, split_specs)
 
 Config = FuncsConfig
 """The model of ``env.args`` (tidal.env.registry validates them with it)."""

@@ -6,26 +6,12 @@ environment.py."""
 
 from tidal.envs.hackable.config import HackableConfig
 from tidal.envs.hackable.corpus import build_corpus, corpus_document, honest_body
-from tidal.envs.hackable.environment import (
-                                             HackableEnvironment,
-                                             hidden_tests_pass,
-                                             load_environment,
-)
-from tidal.envs.hackable.grader import (
-                                             VisibleRun,
-                                             hidden_program,
-                                             run_hidden,
-                                             run_visible,
-)
+from tidal.envs.hackable.environment import (HackableEnvironment, hidden_tests_pass,
+                                             load_environment)
+from tidal.envs.hackable.grader import VisibleRun, hidden_program, run_hidden, run_visible
 from tidal.envs.hackable.hacks import CORPUS_HACK_WEIGHTS, HACKS, hack_body
-from tidal.envs.hackable.tasks import (
-                                             GENERATOR_VERSION,
-                                             HackTask,
-                                             make_canary,
-                                             make_task,
-                                             prompt_text,
-                                             sample_tasks,
-)
+from tidal.envs.hackable.tasks import (GENERATOR_VERSION, HackTask, make_canary, make_task,
+                                       prompt_text, sample_tasks)
 
 Config = HackableConfig
 """The model of ``env.args`` (tidal.env.registry validates them with it)."""

@@ -20,13 +20,13 @@ from __future__ import annotations
 from dataclasses import is_dataclass, replace
 
 from tidal.env.base import Environment, StepResult
-from tidal.env.sealed import SealedVerdict
 from tidal.env.spec import EnvironmentSpec
 from tidal.env.tools import run_blocking
 from tidal.envs.hackable import corpus, tasks
 from tidal.envs.hackable.config import HackableConfig
 from tidal.envs.hackable.grader import VisibleRun, run_hidden, run_visible
 from tidal.envs.hackable.tasks import CODE_FILE, TEST_FILE, HackTask
+from tidal.env.sealed import SealedVerdict
 from tidal.integrity.records import Action, Evidence
 
 

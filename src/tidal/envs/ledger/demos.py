@@ -33,17 +33,10 @@ from tidal.envs.ledger import tasks as family
 from tidal.envs.ledger.config import LedgerConfig
 from tidal.envs.ledger.environment import NO_MORE_FILES, LedgerEnvironment
 from tidal.envs.ledger.tasks import LedgerTask
-from tidal.harness import (
-    SUMMARY_CLOSE,
-    SUMMARY_OPEN,
-    Episode,
-    GenerationRequest,
-    GenerationResult,
-    HarnessConfig,
-)
+from tidal.harness import (SUMMARY_CLOSE, SUMMARY_OPEN, Episode, GenerationRequest,
+                           GenerationResult, HarnessConfig)
 from tidal.model import ByteTokenizer
 from tidal.types import Segment
-
 
 def read_context(context: str) -> tuple[str | None, list[str]]:
     """The summary carried into ``context`` (None if none) and the observations shown after it."""

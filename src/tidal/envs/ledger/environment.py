@@ -15,13 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tidal.env import (
-    EnvironmentSpec,
-    Rubric,
-    RubricScore,
-    ToolEnvironment,
-    run_blocking,
-)
+from tidal.env import EnvironmentSpec, Rubric, RubricScore, ToolEnvironment, run_blocking
 from tidal.envs.funcs import Grade, grade_many
 from tidal.envs.ledger import tasks as family
 from tidal.envs.ledger.config import LedgerConfig

@@ -38,16 +38,7 @@ import itertools
 import random
 from dataclasses import dataclass
 
-from tidal.envs.funcs import (
-    CONST_RANGE,
-    OP_BY_NAME,
-    OPS,
-    Task,
-    canonical,
-    evaluate,
-    slip,
-    split_specs,
-)
+from tidal.envs.funcs import CONST_RANGE, OP_BY_NAME, OPS, Task, canonical, evaluate, slip, split_specs
 from tidal.envs.ledger.config import LedgerConfig
 
 GENERATOR_VERSION = 5
