@@ -16,6 +16,7 @@ from tidal.config.loader import ConfigError, load_config, parse_overrides
 from tidal.config.run import RunConfig
 from tidal.engine.config import EngineConfig
 from tidal.harness.config import HarnessConfig
+from tidal.fleet.config import FleetConfig
 from tidal.model.config import ModelConfig
 from tidal.orchestrator.config import OrchestratorConfig
 from tidal.pretrain.config import PretrainConfig
@@ -37,6 +38,7 @@ class TidalConfig(Section):
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     sync: SyncConfig = Field(default_factory=SyncConfig)
     online: OnlineConfig = Field(default_factory=OnlineConfig)
+    fleet: FleetConfig = Field(default_factory=FleetConfig)
 
     @model_validator(mode="after")
     def _check_cross_section(self) -> "TidalConfig":

@@ -29,6 +29,8 @@ def _value(v: Any) -> str:
         return json.dumps(v)
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_value(x) for x in v) + "]"
+    if isinstance(v, dict):  # a table inside a list (fleet.pools, ...): an inline table
+        return "{" + ", ".join(f"{k} = {_value(x)}" for k, x in v.items() if x is not None) + "}"
     raise TypeError(f"cannot write {type(v).__name__} as TOML")
 
 
