@@ -53,6 +53,7 @@ EVAL_EPISODE_KEYS = EPISODE_KEYS | {"episode/effective_horizon_min"}
 and the shortest effective horizon."""
 WORKER_KEYS = {"end_s", "kind", "start_s", "state", "worker"}
 WORKER_FAILURE_KEYS = {"assignment", "error", "kind", "step", "wall_s", "worker"}
+MEMBERSHIP_KEYS = {"event", "kind", "pool", "requeued", "wall_s", "worker"}
 INTEGRITY_KEYS = {f"integrity/{k}" for k in (
     "episodes", "flagged", "screened", "penalised", "graded", "visible_passes", "hidden_passes",
     "cheats", "canary_episodes", "canary_passes", "by_type", "flag_rate", "cheat_rate",
@@ -60,7 +61,7 @@ INTEGRITY_KEYS = {f"integrity/{k}" for k in (
 """Added to step and eval records where the environment keeps evidence (tidal.integrity)."""
 SUMMARY_KEYS = {
     "backend", "cpu", "dropped_stale", "dtypes", "final_checkpoint", "heldout_gain",
-    "heldout_pass1_after", "heldout_pass1_before", "heldout_pass1_by_level_after", "integrity",
+    "heldout_pass1_after", "heldout_pass1_before", "heldout_pass1_by_level_after", "integrity", "fleet",
     "heldout_pass1_by_level_before", "heldout_samples_per_task", "heldout_tasks", "init_checkpoint",
     "kept_stale", "max_staleness", "max_staleness_seen", "num_workers", "numerics", "plot",
     "pretrain_budget_bound", "pretrain_s", "report", "rl_wall_s", "steps", "trajectories", "wall_s", "worker_busy_fraction",
@@ -169,10 +170,17 @@ def test_a_run_writes_exactly_the_pinned_keys(tmp_path, ckpt, monkeypatch):  # n
         keys.setdefault(r["kind"], set()).update(r)
     assert keys == {"step": STEP_KEYS | EPISODE_KEYS | {f"train/{k}" for k in TRAIN_KEYS},
                     "eval": EVAL_KEYS | EVAL_EPISODE_KEYS, "worker": WORKER_KEYS,
-                    "worker_failure": WORKER_FAILURE_KEYS}
+                    "worker_failure": WORKER_FAILURE_KEYS, "membership": MEMBERSHIP_KEYS}
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary) == SUMMARY_KEYS
     assert set(RunSummary.__dataclass_fields__) == SUMMARY_KEYS
+
+
+def test_membership_record_keys():
+    from tidal.orchestrator.records import Membership
+
+    record = Membership(3, "borrowed", "left", 17, 12.5).to_json()
+    assert set(record) == MEMBERSHIP_KEYS and record["kind"] == "membership"
 
 
 @pytest.mark.parametrize("cls", [StepRecord, EvalRecord, WorkerSpan, WorkerFailure, RunSummary,

@@ -222,3 +222,24 @@ def explain_dtype(device: str = "cpu") -> str:
         return f"{'native' if native_bf16(device) else 'no native'} bf16: {name}"
     facts = cpu_facts()
     return f"{'native' if facts.native_bf16 else 'no native'} bf16: {facts.cpu}, {facts.bf16_reason}"
+
+
+def pin_process(cpus: list[int]) -> None:
+    """Pin every thread of this process (and the threads and children it starts later) to
+    ``cpus``: the disaggregated layout of a real deployment on one machine, the trainer on some
+    cores and the rollout workers on others. os.sched_setaffinity(0) moves only the calling
+    thread on Linux, so each thread of /proc/self/task is moved. A CPU this machine does not
+    have is an error naming it."""
+    if not cpus:
+        return
+    have = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))
+    missing = sorted(set(cpus) - have)
+    if missing:
+        raise ValueError(f"cannot pin to CPUs {missing}: this machine has CPUs {sorted(have)} "
+                         "(check run.trainer_cpus / run.worker_cpus)")
+    tids = [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, set(cpus))
+        except (ProcessLookupError, PermissionError):  # a thread that ended meanwhile
+            pass

@@ -23,6 +23,12 @@ class RunConfig(Section):
     2.1 s/step against 2.8 s/step with 1."""
     worker_threads: int = Field(1, ge=0)
     """torch CPU threads in each rollout worker; 0 = torch's default."""
+    trainer_cpus: list[int] = Field(default_factory=list)
+    """CPUs the trainer's process is pinned to (e.g. [0]); empty = not pinned. With worker_cpus
+    it lays a run out as a real deployment is: trainer and rollout workers on separate cores."""
+    worker_cpus: list[int] = Field(default_factory=list)
+    """CPUs every Ray rollout worker process is pinned to (e.g. [1]); empty = not pinned.
+    Ignored for threads in the trainer's process (orchestrator.backend = 'local')."""
     pretrain_threads: int = Field(0, ge=0)
     """CPU threads of mid-training while it runs; 0 = measured: torch's default (one per core) or
     1, whichever runs steps faster, re-checked now and then (pretrain.loop.ThreadTuner). On a

@@ -48,10 +48,12 @@ from tidal.fsutil import write_text_atomic
 from tidal.hardware import cpu_facts
 from tidal.integrity.policy import apply_policy
 from tidal.orchestrator.evaluate import canary_metrics, eval_canaries, heldout_pass1
-from tidal.orchestrator.pool import LocalPool, OrchestratorError, RayPool
+from tidal.fleet.config import placement_of
+from tidal.orchestrator.pool import FleetPool, LocalPool, OrchestratorError, RayPool, worker_ids
 from tidal.orchestrator.records import (
     EpisodeMeans,
     EvalRecord,
+    Membership,
     RolloutMetrics,
     RunState,
     RunSummary,
@@ -86,10 +88,13 @@ def with_canaries(tasks: list, env: EnvironmentSpec, rate: float, rng: random.Ra
     return [make(t, rng) if rng.random() < rate else t for t in tasks]
 
 
-def plan_step(cfg: TidalConfig, env: EnvironmentSpec, step: int, first_id: int) -> list[Assignment]:
-    """Split step ``step``'s tasks into one assignment per worker (fewer if tasks are few)."""
+def plan_step(cfg: TidalConfig, env: EnvironmentSpec, step: int, first_id: int,
+              workers: int | None = None) -> list[Assignment]:
+    """Split step ``step``'s tasks into one assignment per worker (``workers``: the fleet's
+    members now; default orchestrator.num_workers), fewer if tasks are few."""
     oc = cfg.orchestrator
-    return split_step(training_tasks(cfg, env, step), step, first_id, oc.num_workers, oc.max_staleness)
+    parts = oc.num_workers if workers is None else workers
+    return split_step(training_tasks(cfg, env, step), step, first_id, parts, oc.max_staleness)
 
 
 def staleness_gate(trajs: list[Trajectory], trainer_version: int, max_staleness: int,
@@ -164,6 +169,10 @@ class Run:
         self.init_checkpoint = str(init_checkpoint)
         oc = cfg.orchestrator
         torch.manual_seed(cfg.run.seed)
+        if cfg.run.trainer_cpus:
+            from tidal.hardware import pin_process
+
+            pin_process(cfg.run.trainer_cpus)
         if cfg.run.trainer_threads:
             torch.set_num_threads(cfg.run.trainer_threads)
         policy = from_pretrained(init_checkpoint, dtype=torch.float32)
@@ -183,6 +192,8 @@ class Run:
         """time.time() at which the RL phase began, moved back by a resumed run's RL wall time."""
         self._last_step_wall = 0.0
         self.worker_cls = worker_cls
+        self.fleet_extra: dict = {}
+        """What remote pools' coordinator adds to summary.json's ``fleet`` (refused uploads...)."""
         self.log = MetricsLog(run_dir / "metrics.jsonl")
         self.tb = _tensorboard(run_dir)
 
@@ -238,15 +249,29 @@ class Run:
         self.state.evals.append(record)
         return record
 
-    def make_pool(self):
-        oc = self.cfg.orchestrator
+    def make_pool(self) -> FleetPool:
+        """One pool per fleet.pools entry (the default: one local pool of num_workers), each
+        placed as its config says (tidal.fleet.config.placement_of)."""
+        oc, ids, t0 = self.cfg.orchestrator, worker_ids(), time.time()
         root = self.store.address
-        if oc.backend == "ray":
-            if self.worker_cls is not RolloutWorker:
-                raise OrchestratorError("a custom worker class needs orchestrator.backend = 'local'")
-            return RayPool((self.cfg, self.init_checkpoint, root), oc.num_workers, oc.ray_num_cpus,
-                           oc.cpus_per_worker)
-        return LocalPool(lambda i: self.worker_cls(self.cfg, self.init_checkpoint, root, i), oc.num_workers)
+        pools = []
+        for pool_cfg in self.cfg.fleet.pools_or_default(oc.num_workers):
+            where = placement_of(pool_cfg, oc.backend)
+            if where == "ray":
+                if self.worker_cls is not RolloutWorker:
+                    raise OrchestratorError("a custom worker class needs orchestrator.backend = 'local'")
+                pools.append(RayPool((self.cfg, self.init_checkpoint, root), pool_cfg, ids,
+                                     oc.ray_num_cpus, oc.cpus_per_worker, t0))
+            elif where == "local":
+                pools.append(LocalPool(lambda i: self.worker_cls(self.cfg, self.init_checkpoint, root, i),
+                                       pool_cfg, ids, t0))
+            else:
+                pools.append(self.remote_pool(pool_cfg, ids, t0))
+        return FleetPool(pools)
+
+    def remote_pool(self, pool_cfg, ids, t0):
+        """A pool whose workers join over HTTP (tidal.fleet.coordinator)."""
+        raise OrchestratorError(f"fleet pool {pool_cfg.name!r}: placement 'remote' is not available yet")
 
     def run(self) -> RunSummary:
         resumed = self.state.step > 0
@@ -265,35 +290,72 @@ class Run:
             self.tb.close()
         return self.summary(after, final)
 
-    def _drive(self, pool) -> None:
-        """Plan steps within the staleness bound, keep workers busy, train complete steps in order."""
+    def _drive(self, pool: FleetPool) -> None:
+        """Plan steps within the staleness bound, follow the fleet's membership, keep every live
+        worker busy, train complete steps in order."""
         from tidal.telemetry.progress import progress_bar
 
         oc = self.cfg.orchestrator
         self.rl_start = time.time() - self.state.rl_wall_s
-        sched = Scheduler(lambda step, first_id: plan_step(self.cfg, self.env, step, first_id),
-                          oc.num_workers, oc.steps, oc.max_staleness, self.state.step, time.time())
-        handles: dict = {}  # pool handle -> worker
+        sched = Scheduler(lambda step, first_id: plan_step(self.cfg, self.env, step, first_id,
+                                                           max(1, sched.num_workers)),
+                          [], oc.steps, oc.max_staleness, self.state.step, time.time())
+        handles: dict = {}  # future -> worker
         bar = progress_bar(oc.steps, "RL", self.progress)
         bar.update(self.state.step)
+        last = time.time()
         while self.state.step < oc.steps and time.time() - self.rl_start < oc.time_budget_s:
+            now = time.time()
+            self.state.member_s += sched.num_workers * (now - last)
+            last = now
+            self._follow_membership(pool, sched, now)
             sched.plan(self.trainer.version)
             for d in sched.dispatch(time.time()):
                 self._worker_span(d.waited)
                 handles[pool.submit(d.worker, d.assignment)] = d.worker
-            for handle in pool.wait(list(handles), timeout=1.0):
+            for handle in pool.wait(list(handles), timeout=0.2 if handles else 0.05):
                 self._collect(pool, sched, handles.pop(handle), handle)
+            for res in pool.late_results():
+                self._accept(sched, res)
             if sched.ready(self.state.step):
                 self._step_done(self._train_step(sched.take(self.state.step)), bar)
+        self.state.member_s += sched.num_workers * (time.time() - last)
+        self.state.duplicates += sched.duplicates
         bar.close()
         self.state.rl_wall_s = time.time() - self.rl_start
 
+    def _follow_membership(self, pool: FleetPool, sched: Scheduler, now: float) -> None:
+        """Workers that joined become schedulable; what a leaver held is queued again."""
+        joined, left = pool.members(now)
+        for w in joined:
+            sched.add_worker(w, now)
+            self.state.joined += 1
+            self._write(Membership(w, pool.pool_of[w], "joined", None, now - self.rl_start))
+        for w in left:
+            a = sched.remove_worker(w, now)
+            requeued = a.assignment_id if a is not None and a.assignment_id in {q.assignment_id for q in sched.queue} else None
+            self.state.left += 1
+            self.state.requeued += requeued is not None
+            self._write(Membership(w, pool.pool_of[w], "left", requeued, now - self.rl_start))
+
+    def _accept(self, sched: Scheduler, res: RolloutResult) -> None:
+        """A result that came back outside a dispatch (a remote worker that had left delivered)."""
+        if sched.accept(res):
+            for span in res.spans:
+                self._worker_span(span)
+
     def _collect(self, pool, sched: Scheduler, worker: int, handle) -> None:
         """A finished handle: its result to the scheduler, or, if the worker failed (raised, or its
-        actor died), a fresh worker and its assignment back in the queue."""
+        actor died), a fresh worker and its assignment back in the queue. A worker that had
+        already left: its failure changes nothing (what it held was queued again when it left),
+        its result counts if it is the first back for that assignment."""
+        member = worker in sched.running
         try:
             res = pool.result(handle)
         except Exception as e:  # a worker's failure of any kind: replace it, re-run its work
+            if not member:
+                sched.orphans.pop(worker, None)
+                return
             a = sched.running[worker]
             self.state.worker_failures += 1
             self._write(WorkerFailure(worker, a.step, a.assignment_id, f"{type(e).__name__}: {e}"[:500],
@@ -301,9 +363,9 @@ class Run:
             sched.fail(worker, e, time.time())
             pool.replace(worker)
             return
-        sched.complete(worker, res, time.time())
-        for span in res.spans:
-            self._worker_span(span)
+        if sched.complete(worker, res, time.time()):
+            for span in res.spans:
+                self._worker_span(span)
 
     def _step_done(self, record: StepRecord, bar) -> None:
         """Progress, then the evaluation and checkpoint the config asks for after this step."""
@@ -371,7 +433,16 @@ class Run:
             rl_wall_s=s.rl_wall_s, final_checkpoint=str(final_checkpoint),
             init_checkpoint=self.init_checkpoint, dtypes=self.cfg.dtype_choices(),
             cpu=cpu_facts().record(), numerics=numerics_record(self.cfg),
-            integrity=integrity_summary(self.cfg, s))
+            integrity=integrity_summary(self.cfg, s), fleet=self.fleet_summary())
+
+    def fleet_summary(self) -> dict:
+        """summary.json's ``fleet`` (RunSummary.fleet)."""
+        s, oc = self.state, self.cfg.orchestrator
+        pools = [{"name": p.name, "region": p.region, "device": p.device,
+                  "placement": placement_of(p, oc.backend)}
+                 for p in self.cfg.fleet.pools_or_default(oc.num_workers)]
+        return {"pools": pools, "member_s": s.member_s, "joined": s.joined, "left": s.left,
+                "requeued": s.requeued, "duplicates": s.duplicates, **self.fleet_extra}
 
 
 def integrity_summary(cfg: TidalConfig, state: RunState) -> dict | None:
@@ -413,7 +484,7 @@ def trim_metrics(path: Path, state: RunState) -> None:
             continue
         if r.get("kind") == "eval" and r.get("label") == "after":
             continue
-        if r.get("kind") in ("worker", "worker_failure") and r.get("end_s", r.get("wall_s", 0)) > state.rl_wall_s:
+        if r.get("kind") in ("worker", "worker_failure", "membership") and r.get("end_s", r.get("wall_s", 0)) > state.rl_wall_s:
             continue
         keep.append(json.dumps(r, sort_keys=True))
     write_text_atomic(path, "".join(line + "\n" for line in keep))

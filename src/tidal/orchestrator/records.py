@@ -8,6 +8,7 @@
                                           integrity/<key> with the canaries' cheat rate)
         "worker"          WorkerSpan      a stretch of one worker's time (the report's timeline)
         "worker_failure"  WorkerFailure   a worker that raised or died, and what it was running
+        "membership"      Membership      a worker joined or left the fleet (and what was re-queued)
     summary.json          RunSummary      the run's result (``tidal train`` adds its wall times)
     checkpoints           RunState        what the loop tracks across steps, so a resume continues
 
@@ -234,6 +235,26 @@ class WorkerFailure:
 
 
 @dataclass
+class Membership:
+    """A worker joined or left the fleet (a pool following its capacity schedule, a remote worker
+    whose lease was granted, released or expired)."""
+
+    worker: int
+    """The worker's fleet-wide id."""
+    pool: str
+    """The pool it is in."""
+    event: str
+    """"joined" or "left"."""
+    requeued: int | None
+    """For "left": the id of the assignment it held, queued again (None if it held none)."""
+    wall_s: float
+    """RL wall time of the event."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "membership", **_plain(self)}
+
+
+@dataclass
 class RunSummary:
     """summary.json: a run's result. ``run_rl`` fills the run's fields; ``tidal train`` adds the
     last five (None otherwise; wall_s also None for a resumed run, whose start is unknown)."""
@@ -300,10 +321,15 @@ class RunSummary:
     training episodes' totals (``train``: IntegrityMetrics' counts and rates) and, per
     evaluation, the held-out and canary rates (``evals``: label, step, flag_rate, cheat_rate,
     canary_cheat_rate)."""
+    fleet: dict[str, Any] | None = None
+    """The fleet over the run: ``pools`` (name, region, device, placement), worker-seconds of
+    membership, workers ``joined`` and ``left``, assignments ``requeued`` when their worker left,
+    ``duplicates`` dropped (results already back: never trained twice), and, where remote pools
+    uploaded, what the coordinator refused."""
 
     def to_json(self) -> dict[str, Any]:
-        out = _plain(self, skip=("integrity",))
-        return out | {"integrity": self.integrity}
+        out = _plain(self, skip=("integrity", "fleet"))
+        return out | {"integrity": self.integrity, "fleet": self.fleet}
 
 
 @dataclass
@@ -326,14 +352,26 @@ class RunState:
     """RL wall time so far."""
     busy_s: float = 0.0
     """Generating + grading seconds, summed over workers."""
+    member_s: float = 0.0
+    """Worker-seconds of membership: each worker's time in the fleet, summed (the denominator of
+    the busy fraction when workers come and go)."""
+    joined: int = 0
+    """Workers that joined (the first ones included)."""
+    left: int = 0
+    """Workers that left (capacity shrank, a lease was released or expired)."""
+    requeued: int = 0
+    """Assignments queued again because the worker holding them left."""
+    duplicates: int = 0
+    """Results dropped because their assignment's result was already back (never trained)."""
     evals: list[EvalRecord] = field(default_factory=list)
     """Every held-out evaluation so far, "before" first."""
     integrity: IntegrityMetrics = field(default_factory=IntegrityMetrics)
     """Integrity of every trajectory trained so far (the run's totals)."""
 
     def worker_busy_fraction(self, num_workers: int) -> float:
-        """Generating + grading time over the workers' combined RL wall time."""
-        return self.busy_s / max(self.rl_wall_s * num_workers, 1e-9)
+        """Generating + grading time over the workers' combined time in the fleet (RL wall time
+        times num_workers before membership was tracked)."""
+        return self.busy_s / max(self.member_s or self.rl_wall_s * num_workers, 1e-9)
 
     def to_checkpoint(self) -> dict[str, Any]:
         """Plain data (no tidal classes), so a checkpoint loads whatever this module becomes."""

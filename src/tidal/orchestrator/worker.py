@@ -55,13 +55,20 @@ class RolloutResult:
 
 
 class RolloutWorker:
-    def __init__(self, cfg, init_checkpoint: str, weights_root: str, worker_id: int):
+    def __init__(self, cfg, init_checkpoint: str, weights_root: str, worker_id: int,
+                 cpus: list[int] | None = None):
+        """``cpus``: pin this process to them first (only where the worker has a process of its
+        own: a Ray actor, a remote pool's process)."""
         from tidal.engine.engine import Engine
         from tidal.env import from_config
         from tidal.model import from_pretrained, load_tokenizer
         from tidal.orchestrator.weights import open_weight_source
         from tidal.sandbox import Sandbox
 
+        if cpus:
+            from tidal.hardware import pin_process
+
+            pin_process(cpus)
         if cfg.run.worker_threads:
             torch.set_num_threads(cfg.run.worker_threads)
         self.cfg = cfg
