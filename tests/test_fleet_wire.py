@@ -15,8 +15,8 @@ from tidal.config import load_config
 from tidal.engine.engine import Engine
 from tidal.env import from_config
 from tidal.fleet.wire import (
-    WireError,
     StepTasks,
+    WireError,
     decode_assignment,
     decode_results,
     encode_assignment,
@@ -26,7 +26,7 @@ from tidal.harness import run_episodes
 from tidal.integrity.records import Finding, IntegrityResult
 from tidal.model import ByteTokenizer, build_model, preset
 from tidal.orchestrator.loop import plan_step
-from tidal.orchestrator.worker import Assignment, RolloutResult, Span
+from tidal.orchestrator.worker import RolloutResult, Span
 from tidal.sandbox import Sandbox
 from tidal.types import EpisodeStats, Segment, Trajectory
 

@@ -171,10 +171,10 @@ def _keys(value: Any, path: str, expected: set[str]) -> None:
         raise WireError(path or "body", f"expected an object, got {_kind(value)}")
     missing, unknown = expected - value.keys(), value.keys() - expected
     if missing:
-        name = sorted(missing)[0]
+        name = min(missing)
         raise WireError(f"{path}.{name}" if path else name, "missing")
     if unknown:
-        raise WireError(path or "body", f"unknown field {sorted(unknown)[0][:80]!r} (the sender "
+        raise WireError(path or "body", f"unknown field {min(unknown)[:80]!r} (the sender "
                                         "runs another tidal version?)")
 
 
@@ -282,7 +282,8 @@ class StepTasks:
         self._steps: OrderedDict[int, list] = OrderedDict()
 
     def __call__(self, step: int) -> list:
-        from tidal.orchestrator.loop import training_tasks  # the loop imports fleet, not back
+        # Lazily: the loop may import fleet, and fleet must not import it back at import time.
+        from tidal.orchestrator.loop import training_tasks
 
         if step not in self._steps:
             self._steps[step] = training_tasks(self.cfg, self.env, step)
