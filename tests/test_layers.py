@@ -23,6 +23,7 @@ FORBIDDEN = {
     "numerics": {"model", "engine", "trainer", "orchestrator", "online"},
     "online": {"bench", "cli"},
     "telemetry": {"orchestrator", "trainer", "engine", "bench", "cli", "online"},
+    "fleet": {"pretrain", "kernels", "online", "bench", "cli"},
 }
 """Per component folder: the tidal packages it must never import."""
 
@@ -48,6 +49,37 @@ def test_component_never_imports_a_higher_layer(component):
     bad = [f"{p.relative_to(SRC)}:{line} imports tidal.{c}"
            for p in sorted((SRC / component).rglob("*.py"))
            for c, line in sorted(imported_components(p)) if c in FORBIDDEN[component]]
+    assert bad == []
+
+
+FLEET_IMPORTERS = ("fleet/", "cli/", "bench/", "orchestrator/")
+"""The only files that may import tidal.fleet (the fleet sits beside the orchestrator, which
+drives it, and below the entry points); config/ may import only the topology section, a leaf."""
+
+FLEET_LEAVES = {"config.py": {"section"}, "lease.py": {"errors"}}
+"""Fleet modules that the config and the scheduler's callers load: they import only these."""
+
+
+def test_the_fleet_topology_and_leases_are_leaves():
+    for name, allowed in FLEET_LEAVES.items():
+        used = {c for c, _ in imported_components(SRC / "fleet" / name)}
+        assert used <= allowed, f"fleet/{name} imports {sorted(used - allowed)}"
+
+
+def test_config_imports_only_the_fleet_topology():
+    bad = [f"{p.relative_to(SRC)}:{node.lineno} imports {node.module}"
+           for p in sorted((SRC / "config").rglob("*.py"))
+           for node in ast.walk(ast.parse(p.read_text()))
+           if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tidal.fleet")
+           and node.module != "tidal.fleet.config"]
+    assert bad == []
+
+
+def test_only_the_entry_points_and_the_loop_import_fleet():
+    bad = [f"{p.relative_to(SRC)}:{line} imports tidal.fleet"
+           for p in sorted(SRC.rglob("*.py"))
+           if not str(p.relative_to(SRC)).startswith(FLEET_IMPORTERS + ("config/",))
+           for c, line in sorted(imported_components(p)) if c == "fleet"]
     assert bad == []
 
 
