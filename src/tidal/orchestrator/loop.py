@@ -194,6 +194,12 @@ class Run:
         self.worker_cls = worker_cls
         self.fleet_extra: dict = {}
         """What remote pools' coordinator adds to summary.json's ``fleet`` (refused uploads...)."""
+        self.pool: FleetPool | None = None
+        """The run's workers, while it drives them."""
+        self._snapshots: dict[int, torch.nn.Module] = {}
+        """version -> its model, for the recompute check of remote rollouts (_keep_version)."""
+        self._verify_rng = random.Random()
+        """Which remote trajectories get recomputed: unseeded, so a pool cannot predict it."""
         self.log = MetricsLog(run_dir / "metrics.jsonl")
         self.tb = _tensorboard(run_dir)
 
@@ -277,6 +283,7 @@ class Run:
         resumed = self.state.step > 0
         self.before = self.state.evals[0] if resumed else self.evaluate("before")
         self.store.publish(self.trainer.model, self.trainer.version)
+        self._keep_version()
         pool = self.make_pool()
         try:
             self._drive(pool)
@@ -297,6 +304,7 @@ class Run:
 
         oc = self.cfg.orchestrator
         self.rl_start = time.time() - self.state.rl_wall_s
+        self.pool = pool
         sched = Scheduler(lambda step, first_id: plan_step(self.cfg, self.env, step, first_id,
                                                            max(1, sched.num_workers)),
                           [], oc.steps, oc.max_staleness, self.state.step, time.time())
@@ -384,6 +392,7 @@ class Run:
         them."""
         oc = self.cfg.orchestrator
         t0 = time.perf_counter()
+        step_results = self._verify_remote(step_results)
         trajs = sorted((t for r in step_results for t in r.trajectories), key=lambda t: t.group_id)
         trajs, hist = staleness_gate(trajs, self.trainer.version, oc.max_staleness, self.state, oc.keep_stale)
         trajs = complete_groups(trajs, oc.group_size)
@@ -392,6 +401,7 @@ class Run:
         stats = self.trainer.step(Batch(trained, self.trainer.version)) if trained else None
         t1 = time.perf_counter()
         self.store.publish(self.trainer.model, self.trainer.version)
+        self._keep_version()
         t2 = time.perf_counter()
         self.state.step += 1
         self.state.trajectories += len(trajs)
@@ -404,6 +414,63 @@ class Run:
         self._last_step_wall = record.wall_s
         self._write(record)
         return record
+
+    # ------------------------------------------------------------------ untrusted rollouts
+
+    def _remote_workers(self) -> set[int]:
+        """Workers of pools that joined over HTTP (their rollouts are not trusted)."""
+        pool = self.pool
+        if pool is None:
+            return set()
+        oc = self.cfg.orchestrator
+        remote = {p.name for p in self.cfg.fleet.pools_or_default(oc.num_workers)
+                  if placement_of(p, oc.backend) == "remote"}
+        return {w for w, name in pool.pool_of.items() if name in remote}
+
+    def _keep_version(self) -> None:
+        """Snapshots of the versions remote workers may still be generating from (the newest
+        max_staleness + 1), for the recompute check; only where a pool is remote and the check
+        is on. A snapshot is a copy of the model in the engines' dtype (memory: one model each)."""
+        if not (self.cfg.fleet.verify_fraction and self._has_remote_pool()):
+            return
+        snapshots = self._snapshots
+        snapshots[self.trainer.version] = copy.deepcopy(self.trainer.model).to(
+            getattr(torch, self.cfg.model.dtype)).eval()
+        for v in [v for v in snapshots if v < self.trainer.version - self.cfg.orchestrator.max_staleness]:
+            del snapshots[v]
+
+    def _has_remote_pool(self) -> bool:
+        oc = self.cfg.orchestrator
+        return any(placement_of(p, oc.backend) == "remote"
+                   for p in self.cfg.fleet.pools_or_default(oc.num_workers))
+
+    def _verify_remote(self, results: list[RolloutResult]) -> list[RolloutResult]:
+        """Recompute the logprobs of a random fraction (fleet.verify_fraction) of remote workers'
+        trajectories with the model of each token's version (tidal.fleet.verify, TOPLOC-style);
+        a result with a mismatch is dropped whole, counted in summary.json's fleet
+        (``recompute_mismatched``), never trained: its group is then incomplete and not trained
+        either, like a stale one."""
+        remote = self._remote_workers()
+        if not remote or not self.cfg.fleet.verify_fraction:
+            return results
+        from tidal.fleet.verify import recompute_logprobs_check
+
+        kept = []
+        for r in results:
+            if r.worker not in remote:
+                kept.append(r)
+                continue
+            report = recompute_logprobs_check(self._snapshots.get, r.trajectories, self.cfg.engine.temperature,
+                                              self._verify_rng, self.cfg.fleet.verify_fraction,
+                                              self.cfg.fleet.verify_atol, self.cfg.engine.numerics)
+            extra = self.fleet_extra
+            extra["recompute_checked"] = extra.get("recompute_checked", 0) + report.checked
+            extra["recompute_mismatched"] = extra.get("recompute_mismatched", 0) + report.mismatched
+            if report.mismatched:
+                extra["recompute_rejected_results"] = extra.get("recompute_rejected_results", 0) + 1
+            else:
+                kept.append(r)
+        return kept
 
     def _worker_span(self, span: Span) -> None:
         if span.end - span.start > 1e-3:
