@@ -5,7 +5,7 @@ What runs here is tidal's code, not a re-implementation of it:
 
     Scheduler (plan, dispatch, complete, add_worker, remove_worker, ready, take)
     split_step (how a step is split into assignments)       orchestrator/scheduler.py
-    staleness_gate, complete_groups (what is trained)       orchestrator/loop.py
+    staleness_gate (what is trained, what dropped)          orchestrator/loop.py
     LeaseTable (grant, renew, release, expire)              fleet/lease.py
     capacity_at (pool schedules)                            fleet/config.py
 
@@ -30,6 +30,7 @@ Deterministic given the config, the model and the seed. Its limits are in docs/f
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
@@ -47,7 +48,7 @@ from pydantic import Field, ValidationError, model_validator
 from tidal.errors import UserError
 from tidal.fleet.config import LinkConfig, PoolConfig, capacity_at
 from tidal.fleet.lease import LeaseError, LeaseTable
-from tidal.orchestrator.loop import complete_groups, staleness_gate
+from tidal.orchestrator.loop import staleness_gate
 from tidal.orchestrator.records import RunState
 from tidal.orchestrator.scheduler import Scheduler, split_step
 from tidal.orchestrator.worker import Assignment, RolloutResult
@@ -161,19 +162,23 @@ class SimTask:
     task_id: str
 
 
-@dataclass
+@dataclass(slots=True)
 class SimTrajectory:
-    """A stand-in Trajectory with what staleness_gate and complete_groups read."""
+    """A stand-in Trajectory with what staleness_gate reads, for one whole GRPO group: its G
+    samples run on one worker from one version, so they share their staleness (and the gate's
+    verdict; complete_groups would keep or drop them together)."""
 
     group_id: int
     versions: list[int]
-    """The policy version it was generated with (one: the version at the assignment's start)."""
+    """The policy version the group was generated with (the version at the assignment's start)."""
     tokens: int
-    """Generated tokens."""
+    """Generated tokens of the whole group."""
+    samples: int
+    """Trajectories it stands for (orchestrator.group_size)."""
 
     @property
     def min_version(self) -> int:
-        return min(self.versions)
+        return self.versions[0]
 
 
 @dataclass
@@ -274,6 +279,8 @@ class Simulation:
         self.wanted: dict[str, list[SimWorker]] = {p.name: [] for p in self.pools}
         self.pending: list[tuple[str, RolloutResult]] = []
         self.state = RunState()
+        self.gate_state = RunState()
+        """What staleness_gate counts, per group."""
         self.hist: Counter = Counter()
         self.driver_free_at = 0.0
         self.trainer_free_at = 0.0
@@ -398,12 +405,11 @@ class Simulation:
         step = self.state.step
         results = self.sched.take(step)
         self.trained_ids.update(r.assignment_id for r in results)
-        trajs = sorted((x for r in results for x in r.trajectories), key=lambda x: x.group_id)
-        trajs, hist = staleness_gate(trajs, self.version, oc.max_staleness, self.state, oc.keep_stale)
-        trajs = complete_groups(trajs, oc.group_size)
-        self.hist.update(hist)
-        tokens = sum(x.tokens + m.prompt_tokens for x in trajs)
-        self.state.trajectories += len(trajs)
+        groups = sorted((x for r in results for x in r.trajectories), key=lambda x: x.group_id)
+        kept, hist = staleness_gate(groups, self.version, oc.max_staleness, self.gate_state, oc.keep_stale)
+        self.hist.update({k: n * oc.group_size for k, n in hist.items()})
+        tokens = sum(x.tokens + m.prompt_tokens * x.samples for x in kept)
+        self.state.trajectories += sum(x.samples for x in kept)
         self.training = True
         done = t + m.train_fixed_s + m.train_per_token_s * tokens + m.publish_s
         if not m.dispatch_during_train:
@@ -443,7 +449,7 @@ class Simulation:
                 at = max(at, p.end_s + d)
         at = max(at, self.arrive[region][-1])
         self.arrive[region].append(at)
-        self.notice[region].append(max(t, at - last))
+        self.notice[region].append(max(t, at - last, self.notice[region][-1]))
         self.latency[region].append(at - t)
         if any(w.pool.region == region and w.job is not None and w.job.start is None for w in self.workers.values()):
             self.push(at, "driver")
@@ -503,7 +509,7 @@ class Simulation:
         ready = max(t, w.ready_at)
         version = w.version
         if self.oc.in_flight_updates or version < a.min_version:  # the worker loads the latest
-            seen = sum(1 for at in self.notice[region] if at <= ready) - 1
+            seen = bisect.bisect_right(self.notice[region], ready) - 1
             version = max(version, a.min_version, seen)
         start = max(ready, self.arrive[region][version])
         w.wait_weights_s += start - ready
@@ -512,7 +518,9 @@ class Simulation:
         tokens = int(lens.sum())
         gen = tokens / (m.tokens_per_s * w.pool.speed)
         grade = lens.size * m.grade_s
-        trajs = [SimTrajectory(g, [held], int(n)) for g, row in zip(a.group_ids, lens) for n in row]
+        held_list = [held]
+        trajs = [SimTrajectory(g, held_list, n, len(row)) for g, row, n in
+                 zip(a.group_ids, lens, lens.sum(axis=1).tolist())]
         job.start, job.busy_end = start, start + gen + grade
         job.result = RolloutResult(a.assignment_id, a.step, w.name, trajs, tokens, gen, grade)
         self.push(job.busy_end + self.upload_s(region, tokens), "finish", (w.name, job.token))
@@ -582,9 +590,10 @@ class Simulation:
         """Heartbeats up to now (renewed lazily, at each worker's last tick), then every lease past
         its deadline ends and the scheduler re-queues what its worker held."""
         self._lease_event_at = None
-        for w in self.workers.values():
-            if w.heartbeating and w.lease_id in self.table.live:
-                self.table.renew(w.lease_id, self._last_tick(w, t))
+        for lease_id in list(self.table.live):
+            w = self.by_lease[lease_id]
+            if w.heartbeating:
+                self.table.renew(lease_id, self._last_tick(w, t))
         for lease in self.table.expire(t):
             self._remove(self.by_lease[lease.lease_id], t)
         self._schedule_lease_check()
@@ -664,7 +673,7 @@ class Simulation:
             tokens_per_s=self.gen_tokens / wall,
             worker_utilisation=busy / member if member else 0.0,
             utilisation_by_pool={p: (b / s if s else 0.0) for p, (b, s) in sorted(by_pool.items())},
-            staleness_hist=dict(self.hist), dropped_stale=self.state.dropped_stale,
+            staleness_hist=dict(self.hist), dropped_stale=self.gate_state.dropped_stale * self.oc.group_size,
             sync_latency_s={r: float(statistics.median(v)) for r, v in sorted(self.latency.items())},
             sync_latency_model_s={r: self.delivery_s(r) for r in sorted(self.regions)},
             wait_weights_s=sum(w.wait_weights_s for w in self.workers.values()),
@@ -702,8 +711,9 @@ def example_path(name: str) -> Path:
 
 def load_simulate_recipe(path: str | Path, overrides: list[str] | None = None) -> tuple[TidalConfig, SimModel]:
     """A simulate recipe: a tidal recipe plus a ``[simulate]`` table (the SimModel), split off
-    before tidal's own config (which forbids unknown sections) is validated."""
-    from tidal.config import config_from_tree
+    before tidal's own config (which forbids unknown sections) is validated. Dotted overrides
+    apply to either (``--orchestrator.max_staleness 0``, ``--simulate.tokens_per_s 900``)."""
+    from tidal.config.loader import config_from_tree, parse_overrides
 
     p = example_path(str(path))
     if not p.is_file():
@@ -713,10 +723,13 @@ def load_simulate_recipe(path: str | Path, overrides: list[str] | None = None) -
     except tomllib.TOMLDecodeError as e:
         raise SimulateError(f"simulate recipe {p} is not valid TOML: {e}") from None
     sim = tree.pop("simulate", None)
-    if sim is None:
+    if not isinstance(sim, dict):
         raise SimulateError(f"simulate recipe {p} has no [simulate] table: add the model's constants "
                             f"(`tidal simulate calibrate RUN_DIR` writes them)")
-    return config_from_tree(tree, overrides), sim_model_from(sim)
+    rest = parse_overrides(overrides or [])
+    for key in [k for k in rest if k.startswith("simulate.")]:
+        sim[key.removeprefix("simulate.")] = rest.pop(key)
+    return config_from_tree(tree, rest), sim_model_from(sim)
 
 
 def sim_model_from(table: dict[str, Any]) -> SimModel:
