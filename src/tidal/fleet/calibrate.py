@@ -147,7 +147,7 @@ def _toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float):
-        return f"{v:.6g}" if ("e" in f"{v:.6g}" or "." in f"{v:.6g}") else f"{v:.6g}.0"
+        return repr(v)  # round-trips exactly; TOML reads Python's float forms
     if isinstance(v, str):
         return json.dumps(v)
     return str(v)
