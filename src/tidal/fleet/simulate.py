@@ -10,8 +10,9 @@ What runs here is tidal's code, not a re-implementation of it:
     capacity_at (pool schedules)                            fleet/config.py
 
 and the driver loop mirrors ``Run._drive``: plan within the staleness bound, dispatch to idle
-workers, collect results, and, when the oldest step is complete, gate, train and publish in the
-driver's thread (``SimModel.dispatch_during_train`` models a trainer thread instead). What takes
+workers, collect results, and, when the oldest step is complete, gate, train and publish on the
+trainer's thread while the driver keeps dispatching (``SimModel.dispatch_during_train = False``
+models the older loop that trained in the driver's thread); held-out evaluations block both. What takes
 time is modelled (``SimModel``): generation (tokens/s per worker times ``pool.speed``), rollout
 lengths (lognormal, drawn per step so a re-run assignment regenerates the same tokens, as the
 real seeds do), grading, the trainer's step (fixed + per token), publishing, held-out
@@ -122,10 +123,10 @@ class SimModel(Section):
     """One-way latency inside a region, milliseconds."""
     trajectory_bytes_per_token: float = Field(16.0, ge=0)
     """Upload bytes per generated token (token id, logprob, version, mask)."""
-    dispatch_during_train: bool = False
-    """False: as orchestrator/loop.py does now, the driver trains and publishes in its own thread,
-    so a worker finishing meanwhile waits for the next dispatch. True: a trainer thread, the
-    driver keeps dispatching."""
+    dispatch_during_train: bool = True
+    """True: as orchestrator/loop.py does, a step trains and publishes on a trainer thread and the
+    driver keeps dispatching. False: the older loop, which trained in the driver's thread, so a
+    worker finishing meanwhile waited for the next dispatch."""
     leave: Literal["expire", "release"] = "expire"
     """How a worker of a pool whose capacity drops leaves: "expire" = it is killed and its lease
     runs out (its work is queued again lease_s after its last heartbeat); "release" = it says so
@@ -429,8 +430,7 @@ class Simulation:
         oc = self.oc
         if oc.eval_every and self.state.step % oc.eval_every == 0 and self.state.step < self.steps:
             self.trainer_free_at = t + self.model.eval_s
-            if not self.model.dispatch_during_train:
-                self.driver_free_at = t + self.model.eval_s
+            self.driver_free_at = t + self.model.eval_s  # the loop evaluates on the driver's thread
         self.push(t, "driver")
         if self.trainer_free_at > t:
             self.push(self.trainer_free_at, "driver")

@@ -33,9 +33,11 @@ RL, every ``eval_every`` steps and after RL, on the same tasks with the same sam
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import copy
 import json
 import random
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -44,12 +46,18 @@ import torch
 
 from tidal.config import TidalConfig
 from tidal.env import EnvironmentSpec
+from tidal.fleet.config import placement_of
 from tidal.fsutil import write_text_atomic
 from tidal.hardware import cpu_facts
 from tidal.integrity.policy import apply_policy
 from tidal.orchestrator.evaluate import canary_metrics, eval_canaries, heldout_pass1
-from tidal.fleet.config import placement_of
-from tidal.orchestrator.pool import FleetPool, LocalPool, OrchestratorError, RayPool, worker_ids
+from tidal.orchestrator.pool import (
+    FleetPool,
+    LocalPool,
+    OrchestratorError,
+    RayPool,
+    worker_ids,
+)
 from tidal.orchestrator.records import (
     EpisodeMeans,
     EvalRecord,
@@ -194,6 +202,7 @@ class Run:
         self.worker_cls = worker_cls
         self.fleet_extra: dict = {}
         """What remote pools' coordinator adds to summary.json's ``fleet`` (refused uploads...)."""
+        self._write_lock = threading.Lock()
         self.pool: FleetPool | None = None
         """The run's workers, while it drives them."""
         self._snapshots: dict[int, torch.nn.Module] = {}
@@ -299,7 +308,10 @@ class Run:
 
     def _drive(self, pool: FleetPool) -> None:
         """Plan steps within the staleness bound, follow the fleet's membership, keep every live
-        worker busy, train complete steps in order."""
+        worker busy, train complete steps in order. A step trains (and publishes) on a thread of
+        its own, so workers that finish meanwhile get their next assignment at once instead of
+        waiting for the trainer; the next step starts training only after the last one's
+        evaluation and checkpoint."""
         from tidal.telemetry.progress import progress_bar
 
         oc = self.cfg.orchestrator
@@ -312,21 +324,33 @@ class Run:
         bar = progress_bar(oc.steps, "RL", self.progress)
         bar.update(self.state.step)
         last = time.time()
-        while self.state.step < oc.steps and time.time() - self.rl_start < oc.time_budget_s:
-            now = time.time()
-            self.state.member_s += sched.num_workers * (now - last)
-            last = now
-            self._follow_membership(pool, sched, now)
-            sched.plan(self.trainer.version)
-            for d in sched.dispatch(time.time()):
-                self._worker_span(d.waited)
-                handles[pool.submit(d.worker, d.assignment)] = d.worker
-            for handle in pool.wait(list(handles), timeout=0.2 if handles else 0.05):
-                self._collect(pool, sched, handles.pop(handle), handle)
-            for res in pool.late_results():
-                self._accept(sched, res)
-            if sched.ready(self.state.step):
-                self._step_done(self._train_step(sched.take(self.state.step)), bar)
+        trainer = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer")
+        training: cf.Future | None = None
+        try:
+            while self.state.step < oc.steps and time.time() - self.rl_start < oc.time_budget_s:
+                now = time.time()
+                self.state.member_s += sched.num_workers * (now - last)
+                last = now
+                self._follow_membership(pool, sched, now)
+                sched.plan(self.trainer.version)
+                for d in sched.dispatch(time.time()):
+                    self._worker_span(d.waited)
+                    handles[pool.submit(d.worker, d.assignment)] = d.worker
+                waiting = list(handles) + ([training] if training else [])
+                for handle in pool.wait(waiting, timeout=0.2 if waiting else 0.05):
+                    if handle is not training:
+                        self._collect(pool, sched, handles.pop(handle), handle)
+                for res in pool.late_results():
+                    self._accept(sched, res)
+                if training is not None and training.done():
+                    record, training = training.result(), None
+                    self._step_done(record, bar)
+                if training is None and sched.ready(self.state.step) and self.state.step < oc.steps:
+                    training = trainer.submit(self._train_step, sched.take(self.state.step))
+            if training is not None:  # the budget ran out while a step trained: finish it
+                self._step_done(training.result(), bar)
+        finally:
+            trainer.shutdown(wait=True)
         self.state.member_s += sched.num_workers * (time.time() - last)
         self.state.duplicates += sched.duplicates
         bar.close()
@@ -480,9 +504,10 @@ class Run:
     def _write(self, record: StepRecord | EvalRecord | WorkerSpan | WorkerFailure) -> None:
         """One metrics.jsonl line, mirrored to TensorBoard (which reads the same JSON form)."""
         line = record.to_json()
-        self.log.write(line)
-        if self.tb:
-            self.tb.write(line)
+        with self._write_lock:  # the trainer's thread and the driver's both write
+            self.log.write(line)
+            if self.tb:
+                self.tb.write(line)
 
     def summary(self, after: EvalRecord, final_checkpoint) -> RunSummary:
         oc, s, before = self.cfg.orchestrator, self.state, self.before
