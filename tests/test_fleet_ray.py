@@ -106,7 +106,7 @@ def test_each_pool_runs_on_the_node_with_its_device(cluster, tmp_path, ckpt):
     assert summary.fleet["duplicates"] == 0 and summary.worker_failures == 0
 
 
-def test_a_device_kind_no_node_has_is_one_clear_error(cluster, tmp_path, ckpt):
+def test_a_device_kind_no_node_has_or_workers_that_cannot_start_are_one_clear_error(cluster, tmp_path, ckpt):
     cfg = load_config(None, [*TINY, "--sync.transport", "filesystem"])
     with pytest.raises(OrchestratorError) as e:
         pool_of(cfg, ckpt, tmp_path, "tpu-v9", 1)
@@ -114,6 +114,14 @@ def test_a_device_kind_no_node_has_is_one_clear_error(cluster, tmp_path, ckpt):
     for part in ("fleet pool 'p'", "'tpu-v9'", "'device:tpu-v9'", "RAY_ADDRESS=", "device:gpu-a 2",
                  "device:gpu-b 2", "ray start --resources"):
         assert part in msg, msg
+    # workers that cannot start (no checkpoint there): a bounded number of tries, then one error
+    pool = pool_of(cfg, tmp_path / "no-such-checkpoint", tmp_path, "gpu-a", 1)
+    try:
+        with pytest.raises(OrchestratorError, match="fleet pool 'p': 3 Ray workers in a row failed to start"):
+            poll(pool, lambda j, lft: False, "the error")
+        assert not pool.workers
+    finally:
+        pool.close()
 
 
 def test_a_pool_whose_resource_leaves_has_no_workers_and_grows_when_it_is_back(cluster, tmp_path, ckpt):

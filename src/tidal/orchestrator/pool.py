@@ -219,6 +219,8 @@ class RayPool(ElasticPool):
         self._deadline: dict[int, float] = {}
         self._noted: set[int] = set()
         """Workers whose latest actor's placement is in ``nodes``."""
+        self._up: set[int] = set()
+        """Workers whose latest actor has started."""
         self._slots, self._lost, self._probed, self._hold_until, self._start_failures = 0, False, -1e18, 0.0, 0
         self._refresh(force=True)
         if self._lost:
@@ -268,6 +270,7 @@ class RayPool(ElasticPool):
         self._ready[worker] = actor.start.remote(cfg, init, root, worker, cfg.run.worker_cpus or None).future()
         self._deadline[worker] = time.monotonic() + self.place_timeout_s
         self._noted.discard(worker)
+        self._up.discard(worker)
         return actor
 
     def _started(self, worker: int) -> str:
@@ -277,7 +280,12 @@ class RayPool(ElasticPool):
             self.nodes[worker] = placed.result()
             self._event("placed", worker=worker, **self.nodes[worker])
         if ready.done():
-            return "started" if ready.exception() is None else self._start_failed(worker, ready.exception())
+            if ready.exception() is not None:
+                return self._start_failed(worker, ready.exception())
+            if worker not in self._up:
+                self._up.add(worker)
+                self._start_failures = 0
+            return "started"
         if placed.done():
             return "starting" if placed.exception() is None else self._start_failed(worker, placed.exception())
         if time.monotonic() > self._deadline[worker]:
@@ -301,13 +309,14 @@ class RayPool(ElasticPool):
 
     def _start_failed(self, worker: int, error: BaseException) -> str:
         self._refresh(force=True)
-        self._event("start_failed", worker=worker, error=f"{type(error).__name__}: {error}"[:500])
+        why = _describe(error)
+        self._event("start_failed", worker=worker, error=why[:500])
         if self._lost:  # its node went away with the resource: not the worker's fault
             return "failed"
         self._start_failures += 1
         if self._start_failures >= MAX_START_FAILURES:
             raise OrchestratorError(f"fleet pool {self.name!r}: {self._start_failures} Ray workers in a row "
-                                    f"failed to start; last error: {type(error).__name__}: {error}"[:2000])
+                                    f"failed to start; last error: {why}"[:2000])
         return "failed"
 
     def _event(self, event: str, **fields) -> None:
@@ -349,6 +358,15 @@ class RayPool(ElasticPool):
             f"cluster has {have}. Declare it on the nodes that have such devices, e.g. "
             f"ray start --resources '{{\"{self.resource}\": 8}}' (8 workers per node), or set the "
             "pool's device to a kind the cluster has")
+
+
+def _describe(error: BaseException) -> str:
+    """``Type: message`` of what a Ray actor raised (the worker's own exception, not Ray's
+    wrapper with its remote traceback)."""
+    cause = getattr(error, "cause", None)
+    if isinstance(cause, BaseException):
+        error = cause
+    return f"{type(error).__name__}: {error}"
 
 
 def _resources_summary(resources: dict) -> str:
