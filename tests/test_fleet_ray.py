@@ -8,14 +8,13 @@ import threading
 import time
 
 import pytest
+from test_orchestrator import TINY
 
 from tidal.config import load_config
 from tidal.fleet.config import PoolConfig
 from tidal.model import build_model, save_pretrained
 from tidal.orchestrator.loop import run_rl
 from tidal.orchestrator.pool import OrchestratorError, RayPool, worker_ids
-
-from test_orchestrator import TINY
 
 pytest.importorskip("ray")
 
@@ -132,7 +131,7 @@ def test_a_pool_whose_resource_leaves_has_no_workers_and_grows_when_it_is_back(c
         first, _ = poll(pool, lambda j, lft: len(j) == 2, "the first workers join")
         assert {pool.node_of(w)["node_id"] for w in first} == {nodes["gpu-a"].node_id}
         c.remove_node(nodes["gpu-a"])
-        _, left = poll(pool, lambda j, lft: set(lft) == set(first), "the workers leave with their node")
+        poll(pool, lambda j, lft: set(lft) == set(first), "the workers leave with their node")
         assert pool.capacity(time.time()) == 0 and not pool.workers and not pool.starting
         assert "lost" in [e["event"] for e in pool.events]
         back = add_device_node(c, "gpu-a")
