@@ -45,4 +45,9 @@ class OrchestratorConfig(Section):
     ray_num_cpus: int = Field(2, ge=1)
     """CPUs a local Ray instance may schedule (ignored when joining RAY_ADDRESS)."""
     cpus_per_worker: float = Field(0.5, gt=0)
-    """Ray CPUs reserved per rollout worker actor."""
+    """Ray CPUs reserved per rollout worker actor (pools of device "cpu"; other kinds ask for one
+    unit of the Ray resource "device:<kind>" instead)."""
+    ray_place_timeout_s: float = Field(60.0, gt=0)
+    """How long a Ray worker actor may wait to be placed on a node before its pool drops it (and
+    tries again after as long again): its resource is listed but taken. A pool whose resource
+    left the cluster has no workers until a node declares it again."""

@@ -296,6 +296,9 @@ class Run:
         pool = self.make_pool()
         try:
             self._drive(pool)
+            ray_pools = {p.name: p.report() for p in pool.pools if isinstance(p, RayPool)}
+            if ray_pools:  # each Ray worker's node and the pools' lost/back events
+                self.fleet_extra["ray"] = ray_pools
         finally:
             pool.close()
             self.store.close()
