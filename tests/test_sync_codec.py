@@ -126,7 +126,7 @@ def test_fixed_width_fields_unpack_at_every_bit_offset(k):
 
 
 def test_manifest_rejects_chunks_that_do_not_tile_the_tensors():
-    t = TensorEntry(name="w", dtype="bfloat16", shape=(4,), sha256="0" * 64)
+    t = TensorEntry(name="w", dtype="bfloat16", shape=(4,), digest="0" * 64)
     good = [ChunkEntry(tensor=0, start=0, count=2, offset=0, length=3, xxh3="0"),
             ChunkEntry(tensor=0, start=2, count=2, offset=3, length=3, xxh3="0")]
     WeightManifest(version=1, kind="anchor", tensors=[t], chunks=good, data_bytes=6)

@@ -43,5 +43,10 @@ class SyncConfig(Section):
     poll_interval_s: float = Field(0.05, ge=0)
     """Seconds a rollout worker waits between two asks for the newest version (it asks between
     decode steps; 0 = every time)."""
+    hash: Literal["blake3", "sha256"] = "blake3"
+    """Hash of each tensor's final bytes that the publisher writes into a version's manifest and
+    every puller checks before it uses the version. "blake3" (cryptographic, ~3x faster per core
+    than sha256 here, multi-threaded across tensors); "sha256" for pullers of a tidal version that
+    predates BLAKE3. Pullers verify whichever a manifest names."""
     threads: int = Field(2, ge=1, le=256)
     """Threads that encode or decode chunks in parallel."""
