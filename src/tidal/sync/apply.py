@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from tidal.sync.codec import SPARSE, decode_chunk, sparse_changes
+from tidal.sync.codec import SPARSE_KINDS, changes, decode_chunk
 from tidal.sync.errors import SyncError, VerificationError
 from tidal.sync.hashing import StreamingDigests
 from tidal.sync.manifest import WeightManifest
@@ -58,8 +58,8 @@ def start_tensors(manifest: WeightManifest, base: list[TensorBits] | None) -> li
 
 def apply_chunk(payload: bytes | memoryview, target: np.ndarray) -> Undo | None:
     """Apply one payload to ``target`` in place; returns how to undo it (None: nothing changed)."""
-    if payload[0] == SPARSE:
-        positions, diffs = sparse_changes(memoryview(payload)[1:], target)
+    if payload[0] in SPARSE_KINDS:
+        positions, diffs = changes(payload, target)
         if positions.size == 0:
             return None
         target[positions] += diffs  # positions are distinct (strictly increasing)
