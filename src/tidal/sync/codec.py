@@ -174,7 +174,10 @@ def paired_changes(body: memoryview, target: np.ndarray) -> tuple[np.ndarray, np
     places = _positions(streams[2], streams[3], ek, n_exc, n, "a paired chunk names an exception")
     if len(streams[4]) * 8 < n - n_exc:
         raise ValueError("a paired chunk's selector stream is short")
-    diffs = pair[np.unpackbits(np.frombuffer(streams[4], dtype=np.uint8), count=n - n_exc)]
+    # pair[0] + bit * (pair[1] - pair[0]) in wrapping integers: ~7x faster than pair[bits]
+    diffs = np.unpackbits(np.frombuffer(streams[4], dtype=np.uint8), count=n - n_exc).astype(dtype)
+    diffs *= pair[1:] - pair[:1]
+    diffs += pair[:1]
     if n_exc:
         full = np.empty(n, dtype=dtype)
         keep = np.ones(n, dtype=bool)
