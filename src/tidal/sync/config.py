@@ -46,7 +46,8 @@ class SyncConfig(Section):
     hash: Literal["blake3", "sha256"] = "blake3"
     """Hash of each tensor's final bytes that the publisher writes into a version's manifest and
     every puller checks before it uses the version. "blake3" (cryptographic, ~3x faster per core
-    than sha256 here, multi-threaded across tensors); "sha256" for pullers of a tidal version that
-    predates BLAKE3. Pullers verify whichever a manifest names."""
+    than sha256 here, multi-threaded across tensors) or "sha256". Pullers verify whichever a
+    manifest names, and old manifests (sha256, no hash field) too; a puller of a tidal version
+    that predates this field cannot read new manifests (nor PAIRED chunks) whichever is chosen."""
     threads: int = Field(2, ge=1, le=256)
     """Threads that encode or decode chunks in parallel."""
