@@ -3,6 +3,7 @@ tensors hash exactly to the publisher's manifest after every update."""
 
 import hashlib
 
+import blake3
 import torch
 from test_orchestrator import cfg_with, ckpt  # noqa: F401  (the module-scoped checkpoint fixture)
 
@@ -15,13 +16,15 @@ from tidal.orchestrator.worker import RolloutWorker
 from tidal.sync.weight_store import HttpWeightPublisher, HttpWeightSource
 
 
-def sha256_of(t: torch.Tensor) -> str:
-    return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+def digest_of(t: torch.Tensor, hash: str) -> str:
+    hasher = blake3.blake3() if hash == "blake3" else hashlib.sha256()
+    hasher.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+    return hasher.hexdigest()
 
 
 def engine_hashes_match_manifest(engine, manifest) -> bool:
     state = to_hf_state_dict(engine.model)
-    return all(sha256_of(state[t.name]) == t.sha256 for t in manifest.tensors)
+    return all(digest_of(state[t.name], manifest.hash) == t.digest for t in manifest.tensors)
 
 
 def test_http_store_publishes_deltas_that_a_worker_loads_bit_exact(tmp_path):

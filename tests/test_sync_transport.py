@@ -149,7 +149,7 @@ def test_unrecoverable_corruption_fails_clearly_and_keeps_the_last_good_version(
 def test_lying_manifest_is_never_applied_and_an_anchor_is_used_instead(origin, tmp_path):
     pub, snaps, serve = origin
     m = pub.store.manifest(5, "delta")
-    lie = m.model_copy(update={"tensors": [m.tensors[0].model_copy(update={"sha256": "0" * 64})] + m.tensors[1:]})
+    lie = m.model_copy(update={"tensors": [m.tensors[0].model_copy(update={"digest": "0" * 64})] + m.tensors[1:]})
     pub.store.manifest_path(5, "delta").write_bytes(lie.to_json())
     server = serve()
     puller = Puller([server.url], CFG)
@@ -330,7 +330,7 @@ def test_in_place_apply_is_bit_exact_and_a_failure_restores_the_base():
     assert same(out, snaps[1])
     manifest2, payloads2 = encode_form(snaps[2], snaps[1], CFG, 2, 1, [])
     bad = list(payloads2)
-    lie = manifest2.model_copy(update={"tensors": [manifest2.tensors[0].model_copy(update={"sha256": "0" * 64})]
+    lie = manifest2.model_copy(update={"tensors": [manifest2.tensors[0].model_copy(update={"digest": "0" * 64})]
                                        + manifest2.tensors[1:]})
     with pytest.raises(VerificationError):
         apply_form(lie, bad.__getitem__, out, threads=2)
@@ -351,7 +351,7 @@ def test_skipped_rehash_still_catches_bytes_the_manifest_does_not_admit():
     snaps = versions(2, seed=3)
     frozen = [snaps[1][0], snaps[0][1], snaps[1][2]]  # tensor 1 ("b") does not change
     manifest, payloads = encode_form(frozen, snaps[0], CFG, 1, 0, [])
-    held_digests = [t.sha256() for t in snaps[0]]
+    held_digests = [t.digest(manifest.hash) for t in snaps[0]]
     calls = []
 
     def work():
@@ -371,11 +371,11 @@ def test_skipped_rehash_still_catches_bytes_the_manifest_does_not_admit():
         assert same(apply_form(manifest, payloads.__getitem__, work(), 1, held_digests), frozen)
         assert sorted(set(calls)) == sorted([snaps[0][0].name, snaps[0][2].name])  # "b" not re-hashed
         claims_unchanged = manifest.model_copy(update={"tensors": [
-            manifest.tensors[0].model_copy(update={"sha256": held_digests[0]}), *manifest.tensors[1:]]})
+            manifest.tensors[0].model_copy(update={"digest": held_digests[0]}), *manifest.tensors[1:]]})
         with pytest.raises(VerificationError, match=snaps[0][0].name):
             apply_form(claims_unchanged, payloads.__getitem__, work(), 1, held_digests)
         says_changed = manifest.model_copy(update={"tensors": [
-            manifest.tensors[0], manifest.tensors[1].model_copy(update={"sha256": "1" * 64}), manifest.tensors[2]]})
+            manifest.tensors[0], manifest.tensors[1].model_copy(update={"digest": "1" * 64}), manifest.tensors[2]]})
         with pytest.raises(VerificationError, match=snaps[0][1].name):
             apply_form(says_changed, payloads.__getitem__, work(), 1, held_digests)
     finally:
@@ -384,7 +384,7 @@ def test_skipped_rehash_still_catches_bytes_the_manifest_does_not_admit():
 
 def test_streaming_digests_match_whole_tensor_hashes_whatever_order_chunks_finish():
     """Chunks applied out of order, from several threads, tensors with one or many chunks or
-    none: each digest is the sha256 of the tensor's whole bytes."""
+    none: each digest is the hash (the manifest's) of the tensor's whole bytes."""
     import random
     from concurrent.futures import ThreadPoolExecutor
 
@@ -402,7 +402,7 @@ def test_streaming_digests_match_whole_tensor_hashes_whatever_order_chunks_finis
         hashes = StreamingDigests(manifest, tensors, None, pool)
         list(pool.map(lambda i: hashes.chunk_done(i, True), order))
         got = hashes.digests()
-    assert got == [t.sha256() for t in tensors]
+    assert got == [t.digest(manifest.hash) for t in tensors]
 
 
 def test_a_form_applied_while_it_arrives_is_undone_when_the_version_cannot_complete(tmp_path):

@@ -7,7 +7,10 @@
        masters, AdamW lr 1e-6 on its own next-token loss) and on a short RL run's real steps:
        tidal vs the full snapshot, vs XOR+zstd-1, vs the order-0 entropy bound; MB/s per core
     b. one update over an emulated WAN (netns + veth, tbf 1 Gbit/s, +50 ms RTT proxy): tidal vs
-       the full snapshot over HTTP vs rsync of the safetensors file (root, rsync, iproute2)
+       the full snapshot over HTTP vs rsync of the safetensors file (root, rsync, iproute2);
+       beside it the receiver's constants on this machine ("receiver": decode+apply, BLAKE3 and
+       sha256 per core, and the in-process receive rate) and what
+       tidal.sync.delivery.predict_delivery_s makes of them for this link ("predicted_tidal_s")
     c. fan-out on loopback: 1 origin, 2 relays, 4 pullers; bytes the origin sent per update byte
 
 Encode/decode threads and the chunk size are the run config's ``sync.threads`` and
@@ -30,6 +33,7 @@ from tidal.bench.sync_codec import (
     adamw_snapshots,
     measure_step,
     median_of,
+    receiver_throughput,
     rl_snapshots,
 )
 from tidal.config import ConfigError, TidalConfig
@@ -81,6 +85,28 @@ def codec_rows(snapshots, sync: SyncConfig) -> tuple[list[dict], tuple]:
             last_pair = (prev, snap)
         prev = snap
     return rows, last_pair
+
+
+LINK = {"bandwidth_bps": 1e9, "latency_s": 0.025, "overhead_s": 0.002}
+"""Part b's emulated link (tbf rate, the proxy's one-way delay) and the origin's LATEST watch."""
+
+
+def receiver_record(rows: list[dict], prev, cur, sync: SyncConfig) -> dict:
+    """The receiving side's constants on this machine, for a simulator: per-core medians of
+    workload a's steps, and the last step applied as a puller applies it."""
+    record = {key: median_of(rows, key) for key in
+              ("decode_mb_s_per_core", "blake3_mb_s_per_core", "sha256_mb_s_per_core")}
+    record.update(receiver_throughput(prev, cur, sync))
+    return record
+
+
+def predicted(receiver: dict) -> float:
+    """predict_delivery_s for part b's update and link with this machine's receive rate."""
+    from tidal.sync.delivery import predict_delivery_s
+
+    return predict_delivery_s(receiver["delta_bytes"], receiver["full_bytes"], LINK["bandwidth_bps"],
+                              LINK["latency_s"], receiver["receive_model_bytes_per_s"], 1,
+                              overhead_s=LINK["overhead_s"])
 
 
 def fan_out(prev, cur, work: Path, cfg: SyncConfig) -> dict:
@@ -157,8 +183,11 @@ def measure(bench: BenchSection, sync: SyncConfig, work: Path) -> dict:
         print_rows("a. codec, trainer's real steps of a short RL run (default recipe, bf16 serving)", rows_b)
         result["steps_rl"] = rows_b
     result.update(fan_out(prev, cur, work, sync))
+    result["receiver"] = receiver_record(rows_a, prev, cur, sync)
     if bench.wan:
         result.update(wan(prev, cur, work, sync))
+        if "tidal_s" in result:
+            result["predicted_tidal_s"] = predicted(result["receiver"])
     print("\nmedians of workload a, transfer and fan-out (anchors: ~50x Fireworks, ~79x PULSE vs full)")
     for key, value in result.items():
         if isinstance(value, (int, float)):

@@ -80,6 +80,9 @@ def measure_step(old: list[TensorBits], new: list[TensorBits], chunk_elements: i
         t0 = time.process_time()
         list(pool.map(lambda t: t.sha256(), new))
         hash_cpu = time.process_time() - t0
+        t0 = time.process_time()
+        list(pool.map(lambda t: t.digest("blake3"), new))
+        blake3_cpu = time.process_time() - t0
     if not all(np.array_equal(a, b.bits) for a, b in zip(targets, new)):
         raise AssertionError("decoded weights differ from the published ones")
     bound_bits, changed = 0.0, 0
@@ -96,7 +99,34 @@ def measure_step(old: list[TensorBits], new: list[TensorBits], chunk_elements: i
         "ratio_vs_entropy_bound": ours / max(bound_bits / 8, 1e-9),
         "encode_mb_s_per_core": mb / encode_cpu, "decode_mb_s_per_core": mb / decode_cpu,
         "xor_zstd_encode_mb_s_per_core": mb / peer_cpu, "sha256_mb_s_per_core": mb / hash_cpu,
+        "blake3_mb_s_per_core": mb / blake3_cpu,
     }
+
+
+def receiver_throughput(old: list[TensorBits], new: list[TensorBits], cfg, repeats: int = 5) -> dict:
+    """What the receiving side of one update costs on this machine, in-process (no network):
+    ``apply_form`` as the puller runs it (``cfg.threads`` threads decoding in place and hashing
+    by ``cfg.hash``). Wall clock: the least disturbed of ``repeats`` (a shared machine's other
+    load only ever adds to it); CPU: their median. Its model bytes per wall second is the
+    ``decode_bytes_per_s`` of tidal.sync.delivery.predict_delivery_s."""
+    from tidal.sync.apply import apply_form
+    from tidal.sync.publisher import encode_form
+
+    manifest, payloads = encode_form(new, old, cfg, 1, 0, [])
+    known = [t.digest(manifest.hash) for t in old]
+    walls, cpus = [], []
+    for _ in range(repeats):
+        held = [TensorBits(t.name, t.dtype, t.shape, t.bits.copy(), t.file) for t in old]
+        t0, c0 = time.perf_counter(), time.process_time()
+        apply_form(manifest, payloads.__getitem__, held, cfg.threads, known)
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    full = sum(t.bits.nbytes for t in new)
+    wall, cpu = float(np.min(walls)), float(np.median(cpus))
+    return {"receive_model_bytes_per_s": full / wall, "receive_wall_s": wall,
+            "receive_wall_s_median": float(np.median(walls)), "receive_cpu_s": cpu,
+            "receive_model_mb_per_cpu_s": full / 1e6 / cpu, "threads": cfg.threads, "hash": manifest.hash,
+            "delta_bytes": manifest.data_bytes + len(manifest.to_json()), "full_bytes": full}
 
 
 def rl_snapshots(run_dir, steps: int):

@@ -40,12 +40,13 @@ def _digest(rows) -> str:
 
 def weights_digest(manifest: WeightManifest) -> str:
     """The digest a response names for this version (equal for its delta and anchor forms)."""
-    return _digest((t.name, t.dtype, t.shape, t.sha256) for t in manifest.tensors)
+    return _digest((t.name, t.dtype, t.shape, t.digest) for t in manifest.tensors)
 
 
-def tensors_digest(tensors: list[TensorBits]) -> str:
-    """The same digest computed from tensors' own bytes (hashes every tensor)."""
-    return _digest((t.name, t.dtype, t.shape, t.sha256()) for t in tensors)
+def tensors_digest(tensors: list[TensorBits], hash: str = "blake3") -> str:
+    """The same digest computed from tensors' own bytes (hashes every tensor by ``hash``, the
+    manifests' ``hash``: sync.hash)."""
+    return _digest((t.name, t.dtype, t.shape, t.digest(hash)) for t in tensors)
 
 
 def publish_model(model, store_root: str | Path, version: int, dtype: str,

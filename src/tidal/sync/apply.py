@@ -1,13 +1,16 @@
 """Turn a base version's tensors plus one form's chunk payloads into the next version's tensors,
-decoding chunks in parallel and verifying every tensor's sha256 before anyone sees the result.
+decoding chunks in parallel and verifying every tensor's digest (the hash its manifest names,
+BLAKE3 for new versions) before anyone sees the result.
 
 A delta is applied in place on the base's arrays (a sparse chunk touches only its changed
 elements: no copy of the base, no page faults on 200 MB of fresh memory). Each chunk keeps what
-it overwrote, so a chunk that fails to decode or a result that fails its hashes is undone and
-the base is left exactly as it was (the last good version).
+changed, so a chunk that fails to decode or a result that fails its hashes is undone and the
+base is left exactly as it was (the last good version). A sparse chunk keeps only its positions
+and differences: undoing it subtracts them again (wrapping integer arithmetic is exact), so
+applying it costs no gather of the old values.
 
 Hashing skips what cannot have changed: a tensor that no chunk modified still holds the base's
-bytes, whose sha256 was verified when the base was applied, so its digest is the base's; the
+bytes, whose digest was verified when the base was applied, so its digest is the base's; the
 check ``digest == manifest entry`` still runs for every tensor (docs/sync.md, "Verification").
 """
 
@@ -19,14 +22,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from tidal.sync.codec import SPARSE, decode_chunk, sparse_changes
+from tidal.sync.codec import SPARSE_KINDS, changes, decode_chunk
 from tidal.sync.errors import SyncError, VerificationError
 from tidal.sync.hashing import StreamingDigests
 from tidal.sync.manifest import WeightManifest
 from tidal.sync.tensors import TensorBits, UINT_BY_WIDTH, torch_dtype
 
 Undo = tuple[np.ndarray, np.ndarray | None, np.ndarray]
-"""(target slice, positions or None for the whole slice, the values they held before)."""
+"""(target slice, positions, the differences added there) for a sparse chunk, or (target slice,
+None, the values the whole slice held before) for any other."""
 
 
 def layout(tensors: list[TensorBits]) -> list[tuple]:
@@ -54,13 +58,12 @@ def start_tensors(manifest: WeightManifest, base: list[TensorBits] | None) -> li
 
 def apply_chunk(payload: bytes | memoryview, target: np.ndarray) -> Undo | None:
     """Apply one payload to ``target`` in place; returns how to undo it (None: nothing changed)."""
-    if payload[0] == SPARSE:
-        positions, diffs = sparse_changes(memoryview(payload)[1:], target)
+    if payload[0] in SPARSE_KINDS:
+        positions, diffs = changes(payload, target)
         if positions.size == 0:
             return None
-        undo = (target, positions, target[positions])  # fancy indexing copies the old values
-        target[positions] += diffs
-        return undo
+        target[positions] += diffs  # positions are distinct (strictly increasing)
+        return (target, positions, diffs)
     undo = (target, None, target.copy())
     decode_chunk(payload, target)
     return undo
@@ -69,11 +72,11 @@ def apply_chunk(payload: bytes | memoryview, target: np.ndarray) -> Undo | None:
 def undo_all(undos: list[Undo | None]) -> None:
     for u in reversed(undos):
         if u is not None:
-            target, positions, old = u
+            target, positions, values = u
             if positions is None:
-                target[:] = old
+                target[:] = values
             else:
-                target[positions] = old
+                target[positions] -= values
 
 
 def apply_form(manifest: WeightManifest, payload_of: Callable[[int], bytes],
@@ -81,12 +84,12 @@ def apply_form(manifest: WeightManifest, payload_of: Callable[[int], bytes],
                timeline: dict | None = None, accept: Callable[[], None] | None = None) -> list[TensorBits]:
     """The tensors of ``manifest.version``; ``payload_of(i)`` returns chunk i's verified payload
     and may block until it has arrived (the puller applies chunks while later ones are still on
-    the wire). Chunks are applied in order by ``threads`` threads; each tensor's sha256 is taken
+    the wire). Chunks are applied in order by ``threads`` threads; each tensor's digest is taken
     by as many more as its chunks are applied (hashing.py), so hashing overlaps decoding.
 
     A delta changes ``base``'s arrays in place and returns them; on any failure they are
-    restored first. ``base_digests`` (the base's verified sha256 per tensor) lets tensors no
-    chunk touched skip re-hashing. ``timeline`` gets "decode_done" and "hash_done" (time.time()).
+    restored first. ``base_digests`` (the base's verified digest per tensor, by the same hash as
+    ``manifest.hash``: the caller checks) lets tensors no chunk touched skip re-hashing. ``timeline`` gets "decode_done" and "hash_done" (time.time()).
     Raises VerificationError (naming the tensor) if a result does not hash to the manifest.
     ``accept()``, if given, is called once the result is verified and may block or raise; if it
     raises, the result is undone (the puller applies a form while it still arrives and decides
@@ -126,13 +129,14 @@ def apply_form(manifest: WeightManifest, payload_of: Callable[[int], bytes],
     return tensors
 
 
-def digests(tensors: list[TensorBits], known: dict[int, str] | None = None, threads: int = 2) -> list[str]:
-    """sha256 of every tensor, those in ``known`` taken from it; the rest hashed in parallel
-    threads, largest first (hashlib releases the GIL on large buffers)."""
+def digests(tensors: list[TensorBits], known: dict[int, str] | None = None, threads: int = 2,
+            hash: str = "blake3") -> list[str]:
+    """``hash`` digest of every tensor, those in ``known`` taken from it; the rest hashed in
+    parallel threads, largest first (hashlib and blake3 release the GIL on large buffers)."""
     known = known or {}
     todo = sorted((i for i in range(len(tensors)) if i not in known), key=lambda i: -tensors[i].bits.nbytes)
     with ThreadPoolExecutor(max(threads, 1)) as pool:
-        hashed = dict(zip(todo, pool.map(lambda i: tensors[i].sha256(), todo)))
+        hashed = dict(zip(todo, pool.map(lambda i: tensors[i].digest(hash), todo)))
     return [known[i] if i in known else hashed[i] for i in range(len(tensors))]
 
 
@@ -140,12 +144,13 @@ def verify(manifest: WeightManifest, tensors: list[TensorBits], known: dict[int,
            threads: int = 2) -> None:
     """Every tensor's digest (hashed, or known to be unchanged since it was verified) must be
     the manifest's."""
-    check_digests(manifest, digests(tensors, known, threads))
+    check_digests(manifest, digests(tensors, known, threads, manifest.hash))
 
 
 def check_digests(manifest: WeightManifest, got: list[str]) -> None:
     for entry, digest in zip(manifest.tensors, got):
-        if digest != entry.sha256:
+        if digest != entry.digest:
             raise VerificationError(
                 f"tensor {entry.name} of version {manifest.version} ({manifest.kind}) hashes to "
-                f"{digest[:16]}…, the manifest says {entry.sha256[:16]}…: the weights were not applied")
+                f"{digest[:16]}… by {manifest.hash}, the manifest says {entry.digest[:16]}…: the weights "
+                f"were not applied")

@@ -32,12 +32,32 @@ def rice_encode(gaps: np.ndarray, k: int) -> tuple[bytes, bytes]:
 
 
 def rice_decode(unary: bytes, remainders: bytes, k: int, n: int) -> np.ndarray:
-    bits = np.unpackbits(np.frombuffer(unary, dtype=np.uint8))
-    ends = np.flatnonzero(bits == 0)[:n]
+    ends = np.flatnonzero(np.unpackbits(~np.frombuffer(unary, dtype=np.uint8)).view(bool))[:n]
     if ends.size != n:
         raise ValueError(f"unary stream holds {ends.size} quotients, expected {n}")
     quotients = np.diff(ends, prepend=-1) - 1
     return (quotients.astype(np.uint64) << np.uint64(k)) | unpack_fixed_width(remainders, k, n)
+
+
+def rice_positions(unary, remainders, k: int, n: int) -> np.ndarray:
+    """The n positions (int64, strictly increasing) whose gaps ``rice_encode`` coded: position i
+    is sum over j <= i of (gap_j + 1), minus 1. Computed without materialising the gaps: the sum
+    of the first i+1 quotients is ends_i - i (ends: the terminating 0s of the unary stream), so
+    position i = ((ends_i - i) << k) + cumsum(remainders)_i + i. Fewer full passes than decoding
+    then summing the gaps; decoding positions is most of what a sparse chunk costs the puller."""
+    if n == 0:
+        return np.zeros(0, np.int64)
+    # nonzero over a bool view is ~5x faster than over uint8 (numpy's bool fast path)
+    ends = np.flatnonzero(np.unpackbits(~np.frombuffer(unary, dtype=np.uint8)).view(bool))[:n]
+    if ends.size != n:
+        raise ValueError(f"unary stream holds {ends.size} quotients, expected {n}")
+    index = np.arange(n, dtype=np.int64)
+    ends -= index
+    ends <<= k
+    ends += index
+    if k:
+        ends += np.cumsum(unpack_fixed_width(remainders, k, n).view(np.int64))
+    return ends
 
 
 def pack_fixed_width(values: np.ndarray, k: int) -> bytes:
@@ -56,7 +76,7 @@ within the 8 bytes from that byte when k <= 64 - 7."""
 
 def unpack_fixed_width(data: bytes, k: int, n: int) -> np.ndarray:
     """The n k-bit values ``pack_fixed_width`` wrote. Each value is cut out of the 64-bit
-    big-endian word that starts at its first byte: the words are an overlapping view of the
+    big-endian word that starts at its first byte (read little-endian, then byte-swapped): the words are an overlapping view of the
     stream (byte stride 1), so this costs one gather and two shifts per value instead of an
     n x k bit matrix."""
     if k == 0 or n == 0:
@@ -69,7 +89,11 @@ def unpack_fixed_width(data: bytes, k: int, n: int) -> np.ndarray:
         return (bits.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
     padded = np.zeros(len(data) + 8, dtype=np.uint8)
     padded[:len(data)] = np.frombuffer(data, dtype=np.uint8)
-    words = np.ndarray(shape=(len(data),), dtype=">u8", buffer=padded, strides=(1,))
-    offsets = np.arange(n, dtype=np.uint64) * np.uint64(k)
-    first = words[(offsets >> np.uint64(3)).astype(np.intp)].astype(np.uint64)
-    return (first << (offsets & np.uint64(7))) >> np.uint64(64 - k)
+    words = np.ndarray(shape=(len(data),), dtype="<u8", buffer=padded, strides=(1,))
+    offsets = np.arange(0, n * k, k, dtype=np.int64)
+    first = np.take(words, offsets >> 3)  # take, native order: ~2x a big-endian fancy index
+    first.byteswap(inplace=True)
+    offsets &= 7
+    first <<= offsets.view(np.uint64)
+    first >>= np.uint64(64 - k)
+    return first

@@ -43,5 +43,11 @@ class SyncConfig(Section):
     poll_interval_s: float = Field(0.05, ge=0)
     """Seconds a rollout worker waits between two asks for the newest version (it asks between
     decode steps; 0 = every time)."""
+    hash: Literal["blake3", "sha256"] = "blake3"
+    """Hash of each tensor's final bytes that the publisher writes into a version's manifest and
+    every puller checks before it uses the version. "blake3" (cryptographic, ~3x faster per core
+    than sha256 here, multi-threaded across tensors) or "sha256". Pullers verify whichever a
+    manifest names, and old manifests (sha256, no hash field) too; a puller of a tidal version
+    that predates this field cannot read new manifests (nor PAIRED chunks) whichever is chosen."""
     threads: int = Field(2, ge=1, le=256)
     """Threads that encode or decode chunks in parallel."""

@@ -9,4 +9,4 @@ class SyncError(UserError, RuntimeError):
 
 
 class VerificationError(SyncError):
-    """Bytes that do not match their manifest (a chunk checksum or a tensor's sha256)."""
+    """Bytes that do not match their manifest (a chunk checksum or a tensor's digest)."""

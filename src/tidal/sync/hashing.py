@@ -1,11 +1,18 @@
-"""Each tensor's sha256, taken while its form is still being applied.
+"""Each tensor's digest (the hash its manifest names), taken while its form is still applied.
 
-Hashing the changed tensors is most of a small update's delivery time (≈210 MB for a 1.8 MB
-delta of workload a), so it must not wait for the last chunk: as soon as a tensor's leading
-chunks are applied their bytes go into that tensor's running sha256 in a thread pool (hashlib
-releases the GIL), so hashing overlaps decoding and the network, on every core.
+Which hash: a manifest names it (``WeightManifest.hash``). New versions use BLAKE3: a
+cryptographic hash (256-bit, a Merkle tree of 1 KiB leaves inside) that runs ~3x faster per core
+than SHA-256 on CPUs with SHA-NI (measured on this machine, Xeon with AVX-512: 4.1–4.8 GB/s
+against 1.4 GB/s, docs/sync.md) and releases the GIL. Manifests written before it carry no
+``hash`` field and mean SHA-256, which is still verified. Re-hashing the applied bytes of a small
+update is most of its delivery time (≈214 MB for a 1.8 MB delta of workload a), so the cheaper
+hash is what makes delivery fast while every tensor's final bytes stay checked.
 
-What is hashed is exactly what ``TensorBits.sha256`` hashes (chunks tile a tensor in element
+Hashing must not wait for the last chunk: as soon as a tensor's leading chunks are applied their
+bytes go into that tensor's running hasher in a thread pool (hashlib and blake3 release the GIL),
+so hashing overlaps decoding and the network, on every core.
+
+What is hashed is exactly what ``TensorBits.digest`` hashes (chunks tile a tensor in element
 order), and only tensors that need it: a tensor of an in-place delta that no chunk modified keeps
 its ``known`` digest (docs/sync.md, "Verification"); once any chunk modifies it, it is hashed from
 its first chunk.
@@ -13,14 +20,13 @@ its first chunk.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
 from tidal.sync.manifest import WeightManifest
-from tidal.sync.tensors import TensorBits
+from tidal.sync.tensors import TensorBits, new_hasher
 
 
 class StreamingDigests:
@@ -36,7 +42,7 @@ class StreamingDigests:
         self.applied = [False] * len(manifest.chunks)
         self.modified = [False] * len(tensors)
         self.cursor = [0] * len(tensors)
-        self.hashers = [hashlib.sha256() for _ in tensors]
+        self.hashers = [new_hasher(manifest.hash) for _ in tensors]
         self.locks = [threading.Lock() for _ in tensors]
         self.pending: list[Future] = []
         self._lock = threading.Lock()

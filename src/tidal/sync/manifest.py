@@ -4,7 +4,8 @@ Invariants (checked by ``WeightManifest.check``):
 - chunks of one tensor are in element order, cover it exactly, and lie back to back in the
   version's data file (``offset`` of each = end of the previous);
 - an anchor has no base; a delta's base is an earlier version;
-- ``sha256`` of a tensor is over its final bytes (little-endian, C order) at this version, so a
+- ``digest`` of a tensor is the manifest's ``hash`` (BLAKE3, or SHA-256 in manifests written
+  before the field existed) of its final bytes (little-endian, C order) at this version, so a
   puller verifies the result, not the transfer.
 """
 
@@ -13,9 +14,14 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 FORMAT = 1
+HASHES = ("blake3", "sha256")
+"""Tensor hashes a manifest may name. "sha256" is what a manifest without a ``hash`` field means
+(those written before BLAKE3); both are cryptographic, so a lying upstream cannot make a puller
+accept bytes other than the publisher's."""
+HashName = Literal["blake3", "sha256"]
 
 
 class Message(BaseModel):
@@ -29,8 +35,9 @@ class TensorEntry(Message):
     shape: tuple[int, ...]
     file: str = "model.safetensors"
     """safetensors file the tensor belongs to when written out."""
-    sha256: str
-    """hex sha256 of the tensor's final bytes."""
+    digest: str = Field(validation_alias=AliasChoices("digest", "sha256"))
+    """hex digest (the manifest's ``hash``) of the tensor's final bytes; older manifests call
+    this field ``sha256``."""
 
     @property
     def numel(self) -> int:
@@ -49,7 +56,7 @@ class ChunkEntry(Message):
     length: int = Field(ge=0)
     """Payload bytes."""
     xxh3: str
-    """hex xxh3-64 of the payload (transfer check; the tensor sha256 is the result check)."""
+    """hex xxh3-64 of the payload (transfer check; the tensor digest is the result check)."""
 
 
 class FileEntry(Message):
@@ -67,6 +74,9 @@ class WeightManifest(Message):
     base_version: int | None = None
     """The version a delta applies to (None for an anchor)."""
     codec: str = "tidal-delta-1"
+    hash: HashName = "sha256"
+    """The hash of every ``TensorEntry.digest`` (the publisher's ``sync.hash``). Absent in
+    manifests written before BLAKE3, which mean SHA-256 and still verify."""
     tensors: list[TensorEntry]
     chunks: list[ChunkEntry]
     files: list[FileEntry] = []

@@ -39,16 +39,16 @@ def encode_form(tensors: list[TensorBits], base: list[TensorBits] | None, cfg: S
 
     with ThreadPoolExecutor(cfg.threads) as pool:
         payloads = list(pool.map(encode, ranges))
-        digests = list(pool.map(lambda t: t.sha256(), tensors))
+        digests = list(pool.map(lambda t: t.digest(cfg.hash), tensors))
     chunks, offset = [], 0
     for (i, s, n), p in zip(ranges, payloads):
         chunks.append(ChunkEntry(tensor=i, start=s, count=n, offset=offset, length=len(p),
                                  xxh3=xxhash.xxh3_64_hexdigest(p)))
         offset += len(p)
-    entries = [TensorEntry(name=t.name, dtype=t.dtype, shape=t.shape, file=t.file, sha256=d)
+    entries = [TensorEntry(name=t.name, dtype=t.dtype, shape=t.shape, file=t.file, digest=d)
                for t, d in zip(tensors, digests)]
     manifest = WeightManifest(version=version, kind="delta" if base is not None else "anchor",
-                              base_version=base_version, tensors=entries, chunks=chunks,
+                              base_version=base_version, hash=cfg.hash, tensors=entries, chunks=chunks,
                               files=files, data_bytes=offset)
     return manifest, payloads
 

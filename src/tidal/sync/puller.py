@@ -5,7 +5,8 @@
       is already waiting when the version appears)
       ──> per form: chunks it did not carry over parallel range requests (verified, resumable,
           next upstream on failure) ──> applied in place on the held arrays ──> every tensor's
-          sha256 checked (undone on failure) ──> only then the held version moves.
+          digest checked (BLAKE3, or the hash the manifest names; undone on failure) ──> only
+          then the held version moves.
     Old upstreams without /pull: index, then manifest and ranges per form (the same checks).
 
 A form that fails verification everywhere (a lying manifest, a delta on a base we lack) is
@@ -51,7 +52,8 @@ class Puller:
         """time.time() of the last pull's request_sent, first_byte, last_byte, decode_done,
         hash_done, applied (the benchmark prints it)."""
         self._digests: list[str] | None = None
-        """sha256 of each held tensor's bytes (verified), so unchanged tensors are not re-hashed."""
+        """Digest of each held tensor's bytes (verified) by ``self.manifest.hash``, so unchanged
+        tensors are not re-hashed."""
         self._received = [0]
         self._streams: dict[tuple, tuple[ChunkFeed, asyncio.Future]] = {}
         """Forms being applied while their /pull answer still arrives: step -> (feed, task)."""
@@ -71,8 +73,8 @@ class Puller:
         ``manifest``), the tensors are hashed here: a later delta re-hashes only the tensors it
         changes and takes the others' digests from this, so they must be the bytes' own."""
         self.version, self.manifest, self.tensors, self.files = manifest.version, manifest, tensors, files
-        self._digests = ([t.sha256 for t in manifest.tensors] if verified
-                         else digests(tensors, threads=self.cfg.threads))
+        self._digests = ([t.digest for t in manifest.tensors] if verified
+                         else digests(tensors, threads=self.cfg.threads, hash=manifest.hash))
 
     def latest(self) -> int | None:
         """The newest version the first reachable upstream offers (one small blocking request)."""
@@ -199,8 +201,15 @@ class Puller:
         The result is kept only once ``_form`` releases it (every chunk and side file arrived)."""
         task = asyncio.ensure_future(asyncio.to_thread(
             apply_form, manifest, lambda i: feed.wait_for(chunk_key(manifest.chunks[i])), self.tensors,
-            self.cfg.threads, self._digests, self.timeline, feed.wait_released))
+            self.cfg.threads, self._known(manifest), self.timeline, feed.wait_released))
         self._streams[step] = (feed, task)
+
+    def _known(self, manifest: WeightManifest) -> list[str] | None:
+        """The held tensors' digests when they are by the hash ``manifest`` names (a version by
+        another hash re-hashes every tensor)."""
+        if self._digests is None or self.manifest is None or self.manifest.hash != manifest.hash:
+            return None
+        return self._digests
 
     async def _abandon_all(self) -> None:
         streams, self._streams = list(self._streams.values()), {}
@@ -236,7 +245,7 @@ class Puller:
                 reasons.append(str(e))
                 return False
             self.version, self.manifest, self.tensors, self.files = v, manifest, tensors, files
-            self._digests = [t.sha256 for t in manifest.tensors]  # verified equal to the bytes'
+            self._digests = [t.digest for t in manifest.tensors]  # verified equal to the bytes'
         return True
 
     async def _form(self, http, version: int, kind: str, prefetched):
@@ -258,7 +267,7 @@ class Puller:
                 else:
                     tensors = await asyncio.to_thread(
                         apply_form, manifest, lambda i: have[chunk_key(manifest.chunks[i])], self.tensors,
-                        self.cfg.threads, self._digests, self.timeline)
+                        self.cfg.threads, self._known(manifest), self.timeline)
                 return manifest, tensors, files
             except (*NETWORK_ERRORS, SyncError, ValueError) as e:
                 errors.append(f"{up}: {e}")
