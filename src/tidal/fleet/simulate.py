@@ -17,7 +17,7 @@ time is modelled (``SimModel``): generation (tokens/s per worker times ``pool.sp
 lengths (lognormal, drawn per step so a re-run assignment regenerates the same tokens, as the
 real seeds do), grading, the trainer's step (fixed + per token), publishing, held-out
 evaluations, the upload of trajectories, and each region's weight delivery from first principles
-(``predict_delivery_s``: latency, bytes over bandwidth, the receiving CPU's decode). A worker in
+(``tidal.sync.delivery.predict_delivery_s``: latency, bytes over bandwidth, the receiving CPU's decode). A worker in
 region R starts an assignment needing ``min_version`` only once that version has reached R.
 
 Workers of a pool follow ``capacity_at``: joiners get a lease and catch up (start-up, then the
@@ -54,6 +54,7 @@ from tidal.orchestrator.records import RunState
 from tidal.orchestrator.scheduler import Scheduler, split_step
 from tidal.orchestrator.worker import Assignment, RolloutResult
 from tidal.section import Section
+from tidal.sync.delivery import predict_delivery_s
 
 if TYPE_CHECKING:
     from tidal.config import TidalConfig
@@ -137,20 +138,6 @@ class SimModel(Section):
     def rollout_mu(self) -> float:
         """The lognormal's mu for rollout_tokens_mean and rollout_tokens_sigma."""
         return math.log(self.rollout_tokens_mean) - self.rollout_tokens_sigma ** 2 / 2
-
-
-def predict_delivery_s(delta_bytes: float, full_bytes: float, bandwidth_bps: float, latency_s: float,
-                       decode_bytes_per_s: float, hops: int = 1) -> float:
-    """Seconds from publish to an update applied and verified at the receiver: per store-and-
-    forward hop one one-way latency (a subscriber's long-poll is already waiting) and the delta's
-    bits over the bandwidth, then the receiver decodes, applies and verifies the whole model
-    (``full_bytes`` at ``decode_bytes_per_s``, model bytes per CPU second). TCP slow start and
-    anchors are not modelled. Checked against docs/sync.md's measured one update (1.8 MB over
-    1 Gbit/s with 25 ms one way, 214 MB model at ~2.4 GB/s): 0.129 s predicted, 0.133 s measured.
-
-    To be replaced by tidal.sync.delivery.predict_delivery_s (same signature) at merge."""
-    transfer = delta_bytes * 8 / bandwidth_bps
-    return hops * (latency_s + transfer) + full_bytes / decode_bytes_per_s
 
 
 # ---------------------------------------------------------------------------- the simulation
