@@ -14,7 +14,8 @@ from tidal.config import load_config
 from tidal.fleet.config import PoolConfig
 from tidal.model import build_model, save_pretrained
 from tidal.orchestrator.loop import run_rl
-from tidal.orchestrator.pool import OrchestratorError, RayPool, worker_ids
+from tidal.orchestrator.pool import OrchestratorError, worker_ids
+from tidal.orchestrator.ray_pool import RayPool
 
 pytest.importorskip("ray")
 

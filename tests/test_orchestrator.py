@@ -8,8 +8,9 @@ from tidal.config import load_config
 from tidal.env import from_config
 from tidal.hardware import resolve_dtype
 from tidal.model import build_model, save_pretrained
-from tidal.orchestrator.loop import plan_step, run_rl, staleness_gate, RunState
-from tidal.orchestrator.pool import OrchestratorError, start_ray
+from tidal.orchestrator.loop import RunState, plan_step, run_rl, staleness_gate
+from tidal.orchestrator.pool import OrchestratorError
+from tidal.orchestrator.ray_pool import start_ray
 from tidal.orchestrator.worker import RolloutWorker
 from tidal.types import Segment, Trajectory
 

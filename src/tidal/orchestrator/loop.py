@@ -51,13 +51,8 @@ from tidal.fsutil import write_text_atomic
 from tidal.hardware import cpu_facts
 from tidal.integrity.policy import apply_policy
 from tidal.orchestrator.evaluate import canary_metrics, eval_canaries, heldout_pass1
-from tidal.orchestrator.pool import (
-    FleetPool,
-    LocalPool,
-    OrchestratorError,
-    RayPool,
-    worker_ids,
-)
+from tidal.orchestrator.pool import FleetPool, LocalPool, OrchestratorError, worker_ids
+from tidal.orchestrator.ray_pool import RayPool
 from tidal.orchestrator.records import (
     EpisodeMeans,
     EvalRecord,
