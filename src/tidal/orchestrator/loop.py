@@ -194,6 +194,8 @@ class Run:
         self.worker_cls = worker_cls
         self.fleet_extra: dict = {}
         """What remote pools' coordinator adds to summary.json's ``fleet`` (refused uploads...)."""
+        self.coordinator = None
+        """The HTTP endpoint remote pools join (tidal.fleet.coordinator), made by remote_pool."""
         self.log = MetricsLog(run_dir / "metrics.jsonl")
         self.tb = _tensorboard(run_dir)
 
@@ -270,8 +272,20 @@ class Run:
         return FleetPool(pools)
 
     def remote_pool(self, pool_cfg, ids, t0):
-        """A pool whose workers join over HTTP (tidal.fleet.coordinator)."""
-        raise OrchestratorError(f"fleet pool {pool_cfg.name!r}: placement 'remote' is not available yet")
+        """A pool whose workers join over HTTP (tidal.fleet.coordinator, one for all of them)."""
+        from tidal.fleet.auth import fleet_token
+        from tidal.fleet.coordinator import Coordinator
+        from tidal.fleet.remote import RemotePool
+
+        if self.cfg.sync.transport != "http":
+            raise OrchestratorError(f"fleet pool {pool_cfg.name!r} is remote: its workers get weights "
+                                    "over HTTP, so sync.transport must be 'http'")
+        if self.coordinator is None:
+            self.coordinator = Coordinator(self.cfg, self.run_dir, fleet_token(run_dir=self.run_dir),
+                                           self.store.address, self.init_checkpoint, self.store.latest_version)
+        pool = RemotePool(pool_cfg, ids, self.cfg.fleet.lease_s)
+        self.coordinator.add_pool(pool)
+        return pool
 
     def run(self) -> RunSummary:
         resumed = self.state.step > 0
@@ -279,9 +293,14 @@ class Run:
         self.store.publish(self.trainer.model, self.trainer.version)
         pool = self.make_pool()
         try:
+            if self.coordinator is not None:
+                self.coordinator.start()
             self._drive(pool)
         finally:
             pool.close()
+            if self.coordinator is not None:
+                self.coordinator.stop()
+                self.fleet_extra.update(self.coordinator.summary())
             self.store.close()
         after = self.evaluate("after")
         final = self.save(final=True)
