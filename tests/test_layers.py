@@ -23,6 +23,8 @@ FORBIDDEN = {
     "numerics": {"model", "engine", "trainer", "orchestrator", "online"},
     "online": {"bench", "cli"},
     "telemetry": {"orchestrator", "trainer", "engine", "bench", "cli", "online"},
+    "fleet": {"engine", "harness", "env", "envs", "sandbox", "pretrain", "numerics", "kernels",
+              "telemetry", "config", "online", "bench", "cli"},
 }
 """Per component folder: the tidal packages it must never import."""
 
@@ -48,6 +50,19 @@ def test_component_never_imports_a_higher_layer(component):
     bad = [f"{p.relative_to(SRC)}:{line} imports tidal.{c}"
            for p in sorted((SRC / component).rglob("*.py"))
            for c, line in sorted(imported_components(p)) if c in FORBIDDEN[component]]
+    assert bad == []
+
+
+FLEET_IMPORTERS = ("fleet/", "cli/", "bench/", "orchestrator/loop.py")
+"""The only files that may import tidal.fleet (the fleet sits above the orchestrator's parts and
+below the entry points; the RL loop drives it)."""
+
+
+def test_only_the_entry_points_and_the_loop_import_fleet():
+    bad = [f"{p.relative_to(SRC)}:{line} imports tidal.fleet"
+           for p in sorted(SRC.rglob("*.py"))
+           if not str(p.relative_to(SRC)).startswith(FLEET_IMPORTERS)
+           for c, line in sorted(imported_components(p)) if c == "fleet"]
     assert bad == []
 
 
