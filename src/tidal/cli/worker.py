@@ -9,9 +9,13 @@ are released, so the orchestrator re-queues what they held at once).
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import threading
+import time
+
+from tidal.orchestrator.worker import RolloutWorker
 
 
 def cmd_worker(args, rest) -> int:
@@ -31,8 +35,50 @@ def cmd_worker(args, rest) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    run_workers(args.join, token, args.pool, args.workers, args.relay, stop)
+    run_workers(args.join, token, remote_worker, args.pool, args.workers, args.relay, stop)
     return 0
+
+
+def remote_worker(config_json: dict, weight_urls: list[str], tokenizer_dir: str, worker_id: int):
+    """A rollout worker built from what the coordinator sent (tidal.fleet.join's make_worker)."""
+    from tidal.config import TidalConfig
+
+    return RemoteRolloutWorker(TidalConfig.model_validate(config_json), weight_urls, tokenizer_dir, worker_id)
+
+
+class RemoteRolloutWorker(RolloutWorker):
+    """A RolloutWorker without an init checkpoint: the model is the first version pulled."""
+
+    def __init__(self, cfg, weight_urls: list[str], tokenizer_dir: str, worker_id: int):
+        import torch
+
+        from tidal.engine.engine import Engine
+        from tidal.env import from_config
+        from tidal.fleet.join import MultiSource
+        from tidal.model import load_tokenizer
+        from tidal.sandbox import Sandbox
+
+        if cfg.run.worker_threads:
+            torch.set_num_threads(cfg.run.worker_threads)
+        self.cfg, self.worker_id = cfg, worker_id
+        self.dtype = getattr(torch, cfg.model.dtype)
+        self.store = MultiSource(weight_urls, cfg.sync)
+        version = self._first_version()
+        model = copy.deepcopy(self.store.load(version, self.dtype))  # the puller's arrays change later
+        self.engine = Engine(model, load_tokenizer(tokenizer_dir), cfg.engine, version=version)
+        self.env = from_config(cfg.env, Sandbox(cfg.env.sandbox))
+        self.in_flight_updates = cfg.orchestrator.in_flight_updates
+
+    def _first_version(self, timeout_s: float = 300.0) -> int:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            v = self.store.latest_version()
+            if v is not None:
+                return v
+            time.sleep(0.2)
+        from tidal.sync.errors import SyncError
+
+        raise SyncError(f"no weight version reachable at {self.store.puller.upstreams} in {timeout_s:.0f} s")
 
 
 def add_parsers(sub) -> None:

@@ -111,10 +111,12 @@ class Verifier:
             if self._source is None:
                 self._source = HttpWeightSource(self.origin, self.cfg.sync)
             try:
-                model = self._source.load(version, getattr(torch, self.cfg.model.dtype))
+                # the check runs in inference mode, whose tensors the fused forward cannot cache
+                with torch.inference_mode(False):
+                    model = self._source.load(version, getattr(torch, self.cfg.model.dtype))
+                    self._models[version] = copy.deepcopy(model).eval()
             except Exception:  # gone from the origin (garbage-collected): unchecked
                 return None
-            self._models[version] = copy.deepcopy(model).eval()
             for v in sorted(self._models)[:-self.keep]:
                 del self._models[v]
         return self._models.get(version)

@@ -10,7 +10,8 @@ that share nothing with the trainer but HTTP.
     late result of the ended lease)
     stop (SIGTERM): every lease is released, so the orchestrator re-queues at once
 
-A worker's model comes from the first weight version it pulls (a late joiner catches up through
+A worker's model comes from the first weight version it pulls (``MultiSource``; the worker itself
+is built by the entry point, tidal.cli.worker.remote_worker) (a late joiner catches up through
 anchor + deltas, tidal.sync.puller) and its tokenizer from the files the coordinator served,
 written to a temp dir; the weight URLs are tried in order (the region's relay, then the origin),
 so a relay that goes away is stepped over.
@@ -18,7 +19,6 @@ so a relay that goes away is stepped over.
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 import tempfile
@@ -33,7 +33,6 @@ from tidal.errors import UserError
 from tidal.fleet.auth import SIGNATURE_HEADER, bearer, redact, sign
 from tidal.fleet.coordinator import LEASE_HEADER
 from tidal.fleet.wire import StepTasks, decode_assignment, encode_results
-from tidal.orchestrator.worker import RolloutWorker
 from tidal.sync.errors import SyncError
 from tidal.sync.puller import NO_PROXY, Puller
 from tidal.sync.weight_store import HttpWeightSource
@@ -88,53 +87,23 @@ class MultiSource(HttpWeightSource):
             return self._latest
 
 
-class RemoteRolloutWorker(RolloutWorker):
-    """A RolloutWorker without an init checkpoint: the model is the first version pulled."""
-
-    def __init__(self, cfg, weight_urls: list[str], tokenizer_dir: str, worker_id: int):
-        import torch
-
-        from tidal.engine.engine import Engine
-        from tidal.env import from_config
-        from tidal.model import load_tokenizer
-        from tidal.sandbox import Sandbox
-
-        if cfg.run.worker_threads:
-            torch.set_num_threads(cfg.run.worker_threads)
-        self.cfg, self.worker_id = cfg, worker_id
-        self.dtype = getattr(torch, cfg.model.dtype)
-        self.store = MultiSource(weight_urls, cfg.sync)
-        version = self._first_version()
-        model = copy.deepcopy(self.store.load(version, self.dtype))  # the puller's arrays change later
-        self.engine = Engine(model, load_tokenizer(tokenizer_dir), cfg.engine, version=version)
-        self.env = from_config(cfg.env, Sandbox(cfg.env.sandbox))
-        self.in_flight_updates = cfg.orchestrator.in_flight_updates
-
-    def _first_version(self, timeout_s: float = 300.0) -> int:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            v = self.store.latest_version()
-            if v is not None:
-                return v
-            time.sleep(0.2)
-        raise SyncError(f"no weight version reachable at {self.store.puller.upstreams} in {timeout_s:.0f} s")
-
-
 class Joined:
     """One process's workers of one remote pool (see the module docstring)."""
 
-    def __init__(self, url: str, token: str, pool: str | None = None, workers: int | None = None,
-                 relay: str | None = None, log=None):
+    def __init__(self, url: str, token: str, make_worker, pool: str | None = None,
+                 workers: int | None = None, relay: str | None = None, log=None):
+        """``make_worker(config_json, weight_urls, tokenizer_dir, worker_id)``: a RolloutWorker
+        built from what the coordinator sent (tidal.cli.worker.remote_worker: the entry point
+        assembles engine, environment and config, which the fleet layer does not import)."""
         self.client = FleetClient(url, token)
+        self.make_worker = make_worker
         self.pool, self.relay = pool, relay
         self.stop_event = threading.Event()
         self.log = log or (lambda msg: print(redact(msg, token), file=sys.stderr, flush=True))
         first = self._join(workers)
         self.pool = first["pool"]
         self.heartbeat_s = first["heartbeat_s"]
-        from tidal.config import TidalConfig
-
-        self.cfg = TidalConfig.model_validate(first["config"])
+        self.config_json = first["config"]
         self.weights = ([relay] if relay else []) + first["weights"]
         self.tokenizer_dir = self._tokenizer(first["tokenizer_files"])
         self.workers = [Slot(self, lease) for lease in first["leases"]]
@@ -199,6 +168,8 @@ class Joined:
             self.log(f"leave: coordinator unreachable ({e}); the leases will expire")
         for slot in self.workers:
             slot.thread.join(timeout=timeout_s / max(1, len(self.workers)))
+            if slot.worker is not None:
+                slot.worker.store.puller.close()
 
     def count_upload(self) -> None:
         with self._lock:
@@ -210,14 +181,14 @@ class Slot:
 
     def __init__(self, joined: Joined, lease: dict):
         self.joined, self.lease, self.lost = joined, lease, False
-        self.worker: RemoteRolloutWorker | None = None
+        self.worker = None
         self.thread = threading.Thread(target=self._run, daemon=True, name=f"tidal-worker-{lease['worker']}")
 
     def _run(self) -> None:
         j = self.joined
         try:
-            self.worker = RemoteRolloutWorker(j.cfg, j.weights, j.tokenizer_dir, self.lease["worker"])
-            tasks = StepTasks(j.cfg, self.worker.env)
+            self.worker = j.make_worker(j.config_json, j.weights, j.tokenizer_dir, self.lease["worker"])
+            tasks = StepTasks(self.worker.cfg, self.worker.env)
             attempt = 0
             while not j.stop_event.is_set():
                 if self.lost:
@@ -298,10 +269,10 @@ def backoff(attempt: int) -> float:
     return min(MAX_BACKOFF_S, 0.1 * 2 ** min(attempt, 10))
 
 
-def run_workers(url: str, token: str, pool: str | None = None, workers: int | None = None,
+def run_workers(url: str, token: str, make_worker, pool: str | None = None, workers: int | None = None,
                 relay: str | None = None, stop: threading.Event | None = None) -> Joined:
     """Join and run until ``stop`` is set (then leave). Returns the Joined, stopped."""
-    joined = Joined(url, token, pool, workers, relay)
+    joined = Joined(url, token, make_worker, pool, workers, relay)
     joined.start()
     joined.log(f"joined pool {joined.pool!r} with {len(joined.workers)} workers")
     (stop or threading.Event()).wait()
