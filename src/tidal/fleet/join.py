@@ -119,7 +119,7 @@ class Joined:
             except NETWORK as e:
                 if self.stop_event.is_set():
                     raise JoinError("stopped before joining") from None
-                self.log(f"join: coordinator unreachable ({e}); retrying")
+                self.log(f"join: coordinator {self.client.url} unreachable ({e}); retrying")
                 time.sleep(backoff(attempt))
                 continue
             if status != 200:
