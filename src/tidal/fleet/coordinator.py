@@ -11,7 +11,8 @@ out; an error is ``{"error": message, "reason": reason}`` and counted by reason.
                          file names
     GET  /v1/tokenizer/NAME   one tokenizer file of the init checkpoint (bytes)
     POST /v1/heartbeat   {"lease_id"} -> renewed; 403 {"reason": unknown|expired|released}
-    GET  /v1/work?lease_id=L&wait_s=T   long-poll: {"assignment": ...} or 204; renews the lease
+    GET  /v1/work?lease_id=L&wait_s=T   long-poll: {"assignment", "epoch", "weights"} or 204;
+                         renews the lease (a new epoch: the trainer restarted, pull weights afresh)
     POST /v1/results     a signed batch (wire.encode_results; headers X-Tidal-Lease and
                          X-Tidal-Signature): 200 {accepted, duplicate, late}; 401 no or wrong
                          token; 403 bad signature, wrong lease, unknown lease; 409 a replayed
@@ -139,6 +140,9 @@ class Coordinator:
         self.verifier = Verifier(cfg, origin)
         self.counters: Counter = Counter()
         self.refused: Counter = Counter()
+        self.epoch = uuid.uuid4().hex
+        """Names this trainer process: a restarted trainer has a new origin (and new versions of
+        the same numbers), so a worker that sees the epoch change pulls its weights afresh."""
         self._save_lock = threading.Lock()
         self.server = None
 
@@ -265,10 +269,14 @@ class Coordinator:
         self.counters["leases_granted"] += n
         fc = self.cfg.fleet
         return web.json_response({
-            "pool": name, "leases": leases, "lease_s": fc.lease_s, "heartbeat_s": fc.heartbeat_s,
+            "pool": name, "epoch": self.epoch, "leases": leases, "lease_s": fc.lease_s, "heartbeat_s": fc.heartbeat_s,
             "config": self.cfg.model_dump(mode="json"),
-            "weights": [*self.relays.get(pool.cfg.region, []), self.origin],
+            "weights": self._weights(pool),
             "tokenizer_files": [f for f in TOKENIZER_FILES if (self.tokenizer_dir / f).is_file()]})
+
+    def _weights(self, pool: RemotePool) -> list[str]:
+        """Where the pool's workers pull weights: its region's announced relays, then the origin."""
+        return [*self.relays.get(pool.cfg.region, []), self.origin]
 
     async def tokenizer(self, request):
         name = request.match_info["name"]
@@ -298,7 +306,8 @@ class Coordinator:
             except LeaseError as e:
                 raise Refused(403, e.reason, str(e)) from None
             if a is not None:
-                return web.json_response({"assignment": encode_assignment(a)})
+                return web.json_response({"assignment": encode_assignment(a), "epoch": self.epoch,
+                                          "weights": self._weights(pool)})
             if time.monotonic() >= deadline:
                 return web.Response(status=204)
             await asyncio.sleep(0.02)

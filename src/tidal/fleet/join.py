@@ -86,6 +86,12 @@ class MultiSource(HttpWeightSource):
         except SyncError:
             return self._latest
 
+    def reset(self, upstreams: list[str]) -> None:
+        """Forget what is held and pull from ``upstreams`` from now on (a restarted trainer)."""
+        self.puller.close()
+        self.puller = Puller(upstreams, self.cfg)
+        self._asked_at, self._latest = float("-inf"), None
+
 
 class Joined:
     """One process's workers of one remote pool (see the module docstring)."""
@@ -104,6 +110,7 @@ class Joined:
         self.pool = first["pool"]
         self.heartbeat_s = first["heartbeat_s"]
         self.config_json = first["config"]
+        self.epoch = first["epoch"]
         self.weights = ([relay] if relay else []) + first["weights"]
         self.tokenizer_dir = self._tokenizer(first["tokenizer_files"])
         self.workers = [Slot(self, lease) for lease in first["leases"]]
@@ -181,6 +188,7 @@ class Slot:
 
     def __init__(self, joined: Joined, lease: dict):
         self.joined, self.lease, self.lost = joined, lease, False
+        self.epoch = joined.epoch
         self.worker = None
         self.thread = threading.Thread(target=self._run, daemon=True, name=f"tidal-worker-{lease['worker']}")
 
@@ -218,7 +226,19 @@ class Slot:
             return None
         if status != 200:
             raise OSError(f"/v1/work answered {status}: {data[:200]!r}")
-        return decode_assignment(json.loads(data)["assignment"], tasks)
+        answer = json.loads(data)
+        if answer["epoch"] != self.epoch:
+            self._new_epoch(answer)
+        return decode_assignment(answer["assignment"], tasks)
+
+    def _new_epoch(self, answer: dict) -> None:
+        """The trainer restarted: its versions are new ones (same numbers, other weights), from a
+        new origin. Pull the newest afresh before generating again."""
+        urls = ([self.joined.relay] if self.joined.relay else []) + answer["weights"]
+        self.worker.store.reset(urls)
+        self.worker._first_version()
+        self.worker._load(self.worker.store.latest_version())
+        self.epoch = answer["epoch"]
 
     def _run_one(self, a) -> None:
         """Roll the assignment out (again after a backoff if its weights could not be had)."""
