@@ -331,7 +331,7 @@ def test_the_trainer_restarted_from_its_checkpoint_keeps_the_pools_leases(tmp_pa
         leases = json.loads((run / "fleet_leases.json").read_text())["leases"]
         assert len(leases) == 2
         resumed = subprocess.run([sys.executable, "-m", "tidal", "train", "--resume", str(run)], env=env,
-                                 capture_output=True, text=True, timeout=180)
+                                 capture_output=True, text=True, timeout=180, check=False)
         assert resumed.returncode == 0, resumed.stderr[-2000:]
         assert worker.poll() is None  # the pool carried on
     finally:

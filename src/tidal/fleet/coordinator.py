@@ -116,7 +116,7 @@ class Verifier:
                 with torch.inference_mode(False):
                     model = self._source.load(version, getattr(torch, self.cfg.model.dtype))
                     self._models[version] = copy.deepcopy(model).eval()
-            except Exception:  # gone from the origin (garbage-collected): unchecked
+            except Exception:  # noqa: BLE001 - gone from the origin (garbage-collected): unchecked
                 return None
             for v in sorted(self._models)[:-self.keep]:
                 del self._models[v]
