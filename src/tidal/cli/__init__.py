@@ -11,10 +11,10 @@ import argparse
 import os
 import sys
 
-from tidal.cli import bench, doctor, integrity, run, sandbox, serve, simulate, sync, versions  # noqa: E402
+from tidal.cli import bench, doctor, integrity, run, sandbox, serve, simulate, sync, versions, worker  # noqa: E402
 from tidal.errors import UserError  # noqa: E402
 
-COMMAND_GROUPS = (run, bench, sandbox, sync, doctor, serve, versions, integrity, simulate)
+COMMAND_GROUPS = (run, bench, sandbox, sync, doctor, serve, versions, integrity, simulate, worker)
 """Modules that each contribute subcommands through ``add_parsers(subparsers)``."""
 
 ALONE_ON_THE_MACHINE = {"pretrain"}

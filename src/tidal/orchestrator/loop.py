@@ -200,10 +200,8 @@ class Run:
         self._write_lock = threading.Lock()
         self.pool: FleetPool | None = None
         """The run's workers, while it drives them."""
-        self._snapshots: dict[int, torch.nn.Module] = {}
-        """version -> its model, for the recompute check of remote rollouts (_keep_version)."""
-        self._verify_rng = random.Random()
-        """Which remote trajectories get recomputed: unseeded, so a pool cannot predict it."""
+        self.coordinator = None
+        """The HTTP endpoint remote pools join (tidal.fleet.coordinator), made by remote_pool."""
         self.log = MetricsLog(run_dir / "metrics.jsonl")
         self.tb = _tensorboard(run_dir)
 
@@ -280,22 +278,38 @@ class Run:
         return FleetPool(pools)
 
     def remote_pool(self, pool_cfg, ids, t0):
-        """A pool whose workers join over HTTP (tidal.fleet.coordinator)."""
-        raise OrchestratorError(f"fleet pool {pool_cfg.name!r}: placement 'remote' is not available yet")
+        """A pool whose workers join over HTTP (tidal.fleet.coordinator, one for all of them)."""
+        from tidal.fleet.auth import fleet_token
+        from tidal.fleet.coordinator import Coordinator
+        from tidal.fleet.remote import RemotePool
+
+        if self.cfg.sync.transport != "http":
+            raise OrchestratorError(f"fleet pool {pool_cfg.name!r} is remote: its workers get weights "
+                                    "over HTTP, so sync.transport must be 'http'")
+        if self.coordinator is None:
+            self.coordinator = Coordinator(self.cfg, self.run_dir, fleet_token(run_dir=self.run_dir),
+                                           self.store.address, self.init_checkpoint, self.store.latest_version)
+        pool = RemotePool(pool_cfg, ids, self.cfg.fleet.lease_s)
+        self.coordinator.add_pool(pool)
+        return pool
 
     def run(self) -> RunSummary:
         resumed = self.state.step > 0
         self.before = self.state.evals[0] if resumed else self.evaluate("before")
         self.store.publish(self.trainer.model, self.trainer.version)
-        self._keep_version()
         pool = self.make_pool()
         try:
+            if self.coordinator is not None:
+                self.coordinator.start()
             self._drive(pool)
             ray_pools = {p.name: p.report() for p in pool.pools if isinstance(p, RayPool)}
             if ray_pools:  # each Ray worker's node and the pools' lost/back events
                 self.fleet_extra["ray"] = ray_pools
         finally:
             pool.close()
+            if self.coordinator is not None:
+                self.coordinator.stop()
+                self.fleet_extra.update(self.coordinator.summary())
             self.store.close()
         after = self.evaluate("after")
         final = self.save(final=True)
@@ -414,7 +428,6 @@ class Run:
         them."""
         oc = self.cfg.orchestrator
         t0 = time.perf_counter()
-        step_results = self._verify_remote(step_results)
         trajs = sorted((t for r in step_results for t in r.trajectories), key=lambda t: t.group_id)
         trajs, hist = staleness_gate(trajs, self.trainer.version, oc.max_staleness, self.state, oc.keep_stale)
         trajs = complete_groups(trajs, oc.group_size)
@@ -423,7 +436,6 @@ class Run:
         stats = self.trainer.step(Batch(trained, self.trainer.version)) if trained else None
         t1 = time.perf_counter()
         self.store.publish(self.trainer.model, self.trainer.version)
-        self._keep_version()
         t2 = time.perf_counter()
         self.state.step += 1
         self.state.trajectories += len(trajs)
@@ -436,63 +448,6 @@ class Run:
         self._last_step_wall = record.wall_s
         self._write(record)
         return record
-
-    # ------------------------------------------------------------------ untrusted rollouts
-
-    def _remote_workers(self) -> set[int]:
-        """Workers of pools that joined over HTTP (their rollouts are not trusted)."""
-        pool = self.pool
-        if pool is None:
-            return set()
-        oc = self.cfg.orchestrator
-        remote = {p.name for p in self.cfg.fleet.pools_or_default(oc.num_workers)
-                  if placement_of(p, oc.backend) == "remote"}
-        return {w for w, name in pool.pool_of.items() if name in remote}
-
-    def _keep_version(self) -> None:
-        """Snapshots of the versions remote workers may still be generating from (the newest
-        max_staleness + 1), for the recompute check; only where a pool is remote and the check
-        is on. A snapshot is a copy of the model in the engines' dtype (memory: one model each)."""
-        if not (self.cfg.fleet.verify_fraction and self._has_remote_pool()):
-            return
-        snapshots = self._snapshots
-        snapshots[self.trainer.version] = copy.deepcopy(self.trainer.model).to(
-            getattr(torch, self.cfg.model.dtype)).eval()
-        for v in [v for v in snapshots if v < self.trainer.version - self.cfg.orchestrator.max_staleness]:
-            del snapshots[v]
-
-    def _has_remote_pool(self) -> bool:
-        oc = self.cfg.orchestrator
-        return any(placement_of(p, oc.backend) == "remote"
-                   for p in self.cfg.fleet.pools_or_default(oc.num_workers))
-
-    def _verify_remote(self, results: list[RolloutResult]) -> list[RolloutResult]:
-        """Recompute the logprobs of a random fraction (fleet.verify_fraction) of remote workers'
-        trajectories with the model of each token's version (tidal.fleet.verify, TOPLOC-style);
-        a result with a mismatch is dropped whole, counted in summary.json's fleet
-        (``recompute_mismatched``), never trained: its group is then incomplete and not trained
-        either, like a stale one."""
-        remote = self._remote_workers()
-        if not remote or not self.cfg.fleet.verify_fraction:
-            return results
-        from tidal.fleet.verify import recompute_logprobs_check
-
-        kept = []
-        for r in results:
-            if r.worker not in remote:
-                kept.append(r)
-                continue
-            report = recompute_logprobs_check(self._snapshots.get, r.trajectories, self.cfg.engine.temperature,
-                                              self._verify_rng, self.cfg.fleet.verify_fraction,
-                                              self.cfg.fleet.verify_atol, self.cfg.engine.numerics)
-            extra = self.fleet_extra
-            extra["recompute_checked"] = extra.get("recompute_checked", 0) + report.checked
-            extra["recompute_mismatched"] = extra.get("recompute_mismatched", 0) + report.mismatched
-            if report.mismatched:
-                extra["recompute_rejected_results"] = extra.get("recompute_rejected_results", 0) + 1
-            else:
-                kept.append(r)
-        return kept
 
     def _worker_span(self, span: Span) -> None:
         if span.end - span.start > 1e-3:
