@@ -162,18 +162,6 @@ def test_uploads_are_refused_counted_and_never_trained_unless_signed_assigned_an
     assert upload(coord.url, lease, honest, token="")[0] == 401
     assert upload(coord.url, lease, honest, token="not-the-token-" + "y" * 16)[0] == 401
     assert upload(coord.url, lease, honest, secret="0" * 64)[0] == 403
-    never = copy.deepcopy(result)
-    never.assignment_id = 999
-    assert upload(coord.url, lease, batch(never, "b2"))[1]["reason"] == "not assigned"
-    positive = copy.deepcopy(result)
-    seg = next(s for t in positive.trajectories for s in t.segments if s.completion_ids)
-    seg.logprobs[0] = 0.5
-    assert upload(coord.url, lease, batch(positive, "b3"))[1]["reason"] == "check failed"
-    shifted = copy.deepcopy(result)
-    seg = next(s for t in shifted.trajectories for s in t.segments if s.completion_ids)
-    seg.logprobs[0] -= 0.25  # still a plausible logprob: only recomputing it catches this
-    status, body = upload(coord.url, lease, batch(shifted, "b4"))
-    assert (status, body["reason"]) == (422, "logprobs mismatch")
     assert not future.done()  # nothing refused reached the trainer
 
     assert upload(coord.url, lease, honest) == (200, {"accepted": 1, "late": False, "duplicate": False})
@@ -191,10 +179,54 @@ def test_uploads_are_refused_counted_and_never_trained_unless_signed_assigned_an
     assert (status, answer["reason"]) == (403, "expired") and "join again" in answer["error"]
     assert j.client.request("GET", f"/v1/work?lease_id={lease['lease_id']}")[0] == 403
     refused = coord.summary()["remote"]["refused"]
-    assert refused == {"missing token": 1, "wrong token": 1, "bad signature": 1, "not assigned": 1,
-                       "check failed": 1, "logprobs mismatch": 1, "replayed batch": 1, "unknown": 2,
-                       "expired": 2}
+    assert refused == {"missing token": 1, "wrong token": 1, "bad signature": 1, "replayed batch": 1,
+                       "unknown": 2, "expired": 2}
     assert coord.summary()["remote"]["recomputed"] >= len(result.trajectories)
+    j.stop_event.set()
+
+
+def _never_assigned(r):
+    r.assignment_id = 999
+    return "not assigned"
+
+
+def _impossible_logprob(r):
+    next(s for t in r.trajectories for s in t.segments if s.completion_ids).logprobs[0] = 0.5
+    return "check failed"
+
+
+def _shifted_logprob(r):  # still a plausible logprob: only recomputing it catches this
+    next(s for t in r.trajectories for s in t.segments if s.completion_ids).logprobs[0] -= 0.25
+    return "logprobs mismatch"
+
+
+@pytest.mark.parametrize("tamper", [_never_assigned, _impossible_logprob, _shifted_logprob])
+def test_a_wrong_batch_is_refused_and_its_worker_loses_the_lease(coordinator, tamper):
+    """A batch for a task never assigned, or with tampered logprobs (caught by the checks or by
+    the recompute): 422, counted, nothing trained; the lease is revoked, so the worker leaves
+    and what it held is queued again for another; its honest upload afterwards is refused."""
+    cfg, coord, pool = coordinator
+    j = Joined(coord.url, TOKEN, remote_worker, log=lambda m: None)
+    lease = j.workers[0].lease
+    (w,), _ = pool.members(time.time())
+    assignment = plan_step(cfg, from_config(cfg.env, sandbox=None), 0, 0, workers=1)[0]
+    future = pool.submit(w, assignment)
+    worker = remote_worker(j.config_json, j.weights, j.tokenizer_dir, w)
+    status, data = j.client.request("GET", f"/v1/work?lease_id={lease['lease_id']}&wait_s=1")
+    result = worker.rollout(decode_assignment(json.loads(data)["assignment"], StepTasks(worker.cfg, worker.env)))
+    bad = copy.deepcopy(result)
+    reason = tamper(bad)
+    status, body = upload(coord.url, lease, encode_results([bad], lease_id=lease["lease_id"], batch_id="x1"))
+    assert (status, body["reason"]) == (422, reason)
+    assert not future.done() or future.exception() is not None
+    _, left = pool.members(time.time())
+    assert left == [w] and isinstance(future.exception(timeout=1), Exception)
+    status, answer = j.client.json("POST", "/v1/heartbeat", {"lease_id": lease["lease_id"]})
+    assert (status, answer["reason"]) == (403, "revoked")
+    honest = encode_results([result], lease_id=lease["lease_id"], batch_id="x2")
+    assert upload(coord.url, lease, honest)[0] == 403 and pool.late_results() == []
+    summary = coord.summary()["remote"]
+    assert summary["refused"][reason] == 1 and summary["leases_revoked"] == 1
     j.stop_event.set()
 
 

@@ -331,7 +331,10 @@ class Coordinator:
             raise Refused(400, "bad batch", str(e)) from None
         try:
             fresh = self._checked(pool, lease_id, batch.results)
-        except Refused:
+        except Refused as e:
+            if e.status == 422:  # a wrong batch: the worker leaves, its work is re-run elsewhere
+                pool.revoke(lease_id)
+                self.counters["leases_revoked"] += 1
             raise
         except Exception:  # our own failure: let the retry of this batch id be processed
             self.guard.discard(lease_id, batch.batch_id)

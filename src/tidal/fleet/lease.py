@@ -22,7 +22,7 @@ FORGET_AFTER = 10_000
 
 class LeaseError(UserError):
     """A worker presented a lease that is not live; ``reason`` says why ("unknown", "expired",
-    "released")."""
+    "released", "revoked")."""
 
     def __init__(self, message: str, reason: str):
         super().__init__(message)
@@ -80,6 +80,11 @@ class LeaseTable:
         lease = self.check(lease_id, now)
         self._end(lease_id, "released")
         return lease
+
+    def revoke(self, lease_id: str, why: str = "revoked") -> None:
+        """End a lease whose worker sent what it must not (a tampered or failing batch): its
+        worker has left, and a heartbeat is told ``why``."""
+        self._end(lease_id, why)
 
     def expire(self, now: float) -> list[Lease]:
         """End and return every lease whose deadline has passed."""

@@ -114,6 +114,15 @@ class RemotePool:
             self.table.release(lease_id, now)
         self._on_change()
 
+    def revoke(self, lease_id: str) -> None:
+        """End the lease of a worker whose upload was refused as wrong (it failed the checks or
+        the recompute): it leaves, so what it held is queued again for another worker, and a
+        late upload from it is refused. Joining again gets it a new lease, and the same checks."""
+        with self.lock:
+            if lease_id in self.table.live:
+                self.table.revoke(lease_id)
+        self._on_change()
+
     def take(self, lease_id: str, now: float) -> Assignment | None:
         """The next assignment in the lease's mailbox (None if empty); LeaseError if not live."""
         with self.lock:
@@ -132,10 +141,10 @@ class RemotePool:
                 return self.live(lease_id, now).lease.secret, True
             except LeaseError:
                 m = self.members_by_lease.get(lease_id)
-                if m is not None:  # ended, not yet reported by members()
-                    return m.lease.secret, False
+                if m is not None and self.table.ended.get(lease_id) != "revoked":
+                    return m.lease.secret, False  # ended, not yet reported by members()
                 e = self.ended.get(lease_id)
-                if e is None:
+                if e is None or e.why == "revoked":
                     raise
                 return e.secret, False
 
