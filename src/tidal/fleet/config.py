@@ -97,7 +97,9 @@ class FleetConfig(Section):
     """How often a remote worker renews its lease (must be well under lease_s)."""
     listen: str = "127.0.0.1:0"
     """host:port the coordinator listens on for remote pools (port 0: any free port; its URL is
-    written to the run dir as fleet_url)."""
+    written to the run dir as fleet_url). The weight origin listens on the same host (another
+    free port), so a pool that reaches the coordinator reaches the weights; 0.0.0.0 = every
+    interface."""
     verify_fraction: float = Field(0.05, ge=0, le=1)
     """Fraction of remote workers' trajectories whose logprobs the trainer recomputes to catch
     fabricated or corrupted rollouts (0 = never)."""

@@ -271,12 +271,16 @@ class Coordinator:
         return web.json_response({
             "pool": name, "epoch": self.epoch, "leases": leases, "lease_s": fc.lease_s, "heartbeat_s": fc.heartbeat_s,
             "config": self.cfg.model_dump(mode="json"),
-            "weights": self._weights(pool),
+            "weights": self._weights(pool, request),
             "tokenizer_files": [f for f in TOKENIZER_FILES if (self.tokenizer_dir / f).is_file()]})
 
-    def _weights(self, pool: RemotePool) -> list[str]:
-        """Where the pool's workers pull weights: its region's announced relays, then the origin."""
-        return [*self.relays.get(pool.cfg.region, []), self.origin]
+    def _weights(self, pool: RemotePool, request=None) -> list[str]:
+        """Where the pool's workers pull weights: its region's announced relays, then the origin
+        (an origin listening on every interface is named by the host the worker reached us at)."""
+        origin = self.origin
+        if request is not None and "://0.0.0.0:" in origin:
+            origin = origin.replace("0.0.0.0", request.url.host or "127.0.0.1", 1)
+        return [*self.relays.get(pool.cfg.region, []), origin]
 
     async def tokenizer(self, request):
         name = request.match_info["name"]
@@ -307,7 +311,7 @@ class Coordinator:
                 raise Refused(403, e.reason, str(e)) from None
             if a is not None:
                 return web.json_response({"assignment": encode_assignment(a), "epoch": self.epoch,
-                                          "weights": self._weights(pool)})
+                                          "weights": self._weights(pool, request)})
             if time.monotonic() >= deadline:
                 return web.Response(status=204)
             await asyncio.sleep(0.02)

@@ -73,7 +73,10 @@ def open_weight_publisher(cfg, root: Path) -> WeightPublisher:
         return FilesystemWeightStore(root)
     from tidal.sync.weight_store import HttpWeightPublisher
 
-    return HttpWeightPublisher(root, cfg.sync, cfg.model.dtype)
+    # the origin listens where the fleet's coordinator does (loopback by default), so remote
+    # pools on other machines reach the weights at the address they reach the run at
+    host = cfg.fleet.listen.rpartition(":")[0] or "127.0.0.1"
+    return HttpWeightPublisher(root, cfg.sync, cfg.model.dtype, host=host)
 
 
 def open_weight_source(cfg, address: str) -> WeightSource:
