@@ -4,7 +4,8 @@
 # theirs: the venv then sees the system's packages), then tidal itself with its test extras.
 # With --test, as root with apt-get (Debian/Ubuntu, CI), it also installs chromium and
 # chromium-driver, which tests/test_report.py drives to check the HTML report in a real browser,
-# and Debian's postgresql, whose initdb / pg_ctl tests/pg_server.py runs for the online store tests.
+# and Debian's postgresql, whose initdb / pg_ctl tests/pg_server.py runs for the online store tests,
+# and iproute2, whose network namespaces tests/test_fleet_partition.py cuts off for real.
 # pip runs with --no-compile: byte-compiling every module of torch, ray and transformers at
 # install took a third of set-up (a fresh clone: 77 s with it, 52 s without; torch alone 22 s
 # and 7.6 s); Python compiles the modules a run imports on first use instead (~4 s once).
@@ -51,6 +52,17 @@ if [ "$WITH_TEST_TOOLS" = 1 ] && ! compgen -G "/usr/lib/postgresql/*/bin/initdb"
     apt_postgres || { apt-get update -q >/dev/null && apt_postgres; }
   else
     echo "setup: PostgreSQL missing; tests/test_online_*.py need its binaries (apt-get install postgresql)" >&2
+  fi
+fi
+if [ "$WITH_TEST_TOOLS" = 1 ] && ! command -v ip >/dev/null; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing iproute2 (tests/test_fleet_partition.py cuts a network namespace off)" >&2
+    apt_iproute() {
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends iproute2 >/dev/null
+    }
+    apt_iproute || { apt-get update -q >/dev/null && apt_iproute; }
+  else
+    echo "setup: ip missing; tests/test_fleet_partition.py needs it (apt-get install iproute2)" >&2
   fi
 fi
 if [ "$WITH_BENCH_TOOLS" = 1 ] && { ! command -v rsync >/dev/null || ! command -v tc >/dev/null; }; then
