@@ -1,6 +1,6 @@
 """Asynchronous vs synchronous RL on the same task, machine and wall-clock budget.
 
-    tidal bench async --json docs/results/async-intel-xeon-2core.json      # ~40 min on 2 cores
+    tidal bench async --json docs/results/async-intel-xeon-2core.json      # ~45 min on 2 cores
     tidal bench async --quick --json async-quick.json                       # 1 seed, short budgets
     tidal bench async --bench.runs 5 --orchestrator.time_budget_s 300
 
@@ -35,12 +35,17 @@ time / async's; the JSON's headline figures are medians over the seeds, every ru
 Why this configuration (DEFAULTS): the async ceiling is (gen + train) / max(gen, train) per
 step, so generation per step on the worker's core should take about as long as (slightly longer
 than) the trainer's step on its core. Measured on this 2-core Intel Xeon (shared with other
-work, medians of one-core timings): 16 tasks x 8 samples = 128 episodes per step generate and
-grade in ~6.3 s on one thread (the engine decodes all 128 at once; ~46 generated tokens each,
-p90 71) and train in ~5.5 s with trainer.micro_batch_size 4 (~6.0 s at 16, ~3.5 s at 64
-episodes: the trainer's time grows with the episodes, the batched decode's more slowly, so 128
-episodes brings the two close). One rollout worker with one thread: a second one on the same
-core only splits it. The budget (orchestrator.time_budget_s 240) fits ~25 synchronous steps.
+engineers' work, one-thread timings of the same steps in one process, alternating): the default
+recipe's 8 tasks x 8 samples generate and grade in ~5.2 s and train in ~3.5 s (ratio ~1.5,
+ceiling ~1.67); 16 tasks x 8 samples = 128 episodes generate and grade in 6.3-9.8 s (the
+engine decodes all 128 at once, ~46 generated tokens each, p90 71) and train in 5.5-7.8 s
+(ratio 0.9-1.4 with the machine's load; trainer.micro_batch_size 1-16 made no difference
+beyond that noise, and engine.max_new_tokens 64 none either): the trainer's time grows with the
+episodes, the batched decode's more slowly, so 128 episodes brings the two closest. One rollout
+worker with one thread: a second one on the same core only splits it. The budget
+(orchestrator.time_budget_s 210) fits ~12-15 synchronous steps; the measured per-step
+generation and training times of every run are in the JSON (generate_s_per_step,
+train_s_per_step, and the ceiling they give).
 
 Rollout-worker utilisation = busy (generating + grading) over worker-seconds of membership
 (summary.json's worker_busy_fraction). The simulator (tidal.fleet.simulate) is calibrated on the
@@ -75,8 +80,8 @@ DEFAULTS = {
     "orchestrator.backend": "ray", "orchestrator.num_workers": 1, "orchestrator.cpus_per_worker": 1.0,
     "orchestrator.ray_num_cpus": 2, "run.trainer_cpus": [0], "run.worker_cpus": [1],
     "run.trainer_threads": 1, "run.worker_threads": 1,
-    "orchestrator.tasks_per_step": 16, "orchestrator.group_size": 8, "trainer.micro_batch_size": 4,
-    "orchestrator.time_budget_s": 240.0, "orchestrator.steps": 10_000,
+    "orchestrator.tasks_per_step": 16, "orchestrator.group_size": 8,
+    "orchestrator.time_budget_s": 210.0, "orchestrator.steps": 10_000,
     "orchestrator.heldout_tasks": 64, "orchestrator.eval_samples_per_task": 2,
     "orchestrator.eval_every": 0, "env.integrity.eval_canaries": 0,
 }

@@ -127,7 +127,6 @@ def run_figures(run_dir: Path, points: list[tuple[float, int, float]]) -> dict[s
 
     records = read_metrics(run_dir / "metrics.jsonl")
     summary = json.loads((run_dir / "summary.json").read_text())
-    cfg_toml = (run_dir / "config.toml").read_text()
     spans_file = run_dir / EVAL_SPANS
     spans = [tuple(s) for s in json.loads(spans_file.read_text())] if spans_file.is_file() else []
     steps = [r for r in records if r["kind"] == "step"]
@@ -140,9 +139,10 @@ def run_figures(run_dir: Path, points: list[tuple[float, int, float]]) -> dict[s
            (last_wall, summary["steps"], after["heldout_pass1"])]
     from tidal.config import load_config
 
-    oc = load_config(run_dir / "config.toml").orchestrator
+    run_cfg = load_config(run_dir / "config.toml")
+    oc = run_cfg.orchestrator
     return {
-        "run_dir": str(run_dir), "seed": summary.get("seed"),
+        "run_dir": str(run_dir), "seed": run_cfg.run.seed,
         "steps": summary["steps"], "rl_wall_s": summary["rl_wall_s"],
         "eval_s_in_loop": sum(d for _, d in spans),
         "before_pass1": before["heldout_pass1"], "final_pass1": after["heldout_pass1"],
@@ -156,7 +156,6 @@ def run_figures(run_dir: Path, points: list[tuple[float, int, float]]) -> dict[s
         "accounting": trajectory_accounting(steps, oc.tasks_per_step * oc.group_size),
         "fleet": summary.get("fleet") or {},
         "membership": [r for r in records if r["kind"] == "membership"],
-        "config_toml_chars": len(cfg_toml),
     }
 
 
