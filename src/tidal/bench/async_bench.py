@@ -45,7 +45,13 @@ episodes, the batched decode's more slowly, so 128 episodes brings the two close
 worker with one thread: a second one on the same core only splits it. The budget
 (orchestrator.time_budget_s 210) fits ~12-15 synchronous steps; the measured per-step
 generation and training times of every run are in the JSON (generate_s_per_step,
-train_s_per_step, and the ceiling they give).
+train_s_per_step, and the ceiling they give). orchestrator.in_flight_updates is off: with it on,
+the async worker loaded each new version in the middle of its 128 episodes and recomputed their
+KV caches (engine.recompute_kv_on_reload), and its generation per step went from 7.2 s (the sync
+run's, where no version arrives mid-step) to 9.0 s, so async's step was 10.0 s against sync's
+12.1 s (seed 0, 210 s each); without it a worker keeps one version per assignment, every
+trajectory is exactly one version stale, and the synchronous side is unchanged (no version is
+published while it generates).
 
 Rollout-worker utilisation = busy (generating + grading) over worker-seconds of membership
 (summary.json's worker_busy_fraction). The simulator (tidal.fleet.simulate) is calibrated on the
@@ -84,6 +90,7 @@ DEFAULTS = {
     "orchestrator.time_budget_s": 210.0, "orchestrator.steps": 10_000,
     "orchestrator.heldout_tasks": 64, "orchestrator.eval_samples_per_task": 2,
     "orchestrator.eval_every": 0, "env.integrity.eval_canaries": 0,
+    "orchestrator.in_flight_updates": False,
 }
 """The run config both modes share (see the module docstring for why)."""
 
