@@ -1,6 +1,6 @@
 """Asynchronous vs synchronous RL on the same task, machine and wall-clock budget.
 
-    tidal bench async --json docs/results/async-intel-xeon-2core.json      # ~45 min on 2 cores
+    tidal bench async --json docs/results/async-intel-xeon-2core.json      # 33 min on 2 cores
     tidal bench async --quick --json async-quick.json                       # 1 seed, short budgets
     tidal bench async --bench.runs 5 --orchestrator.time_budget_s 300
 
@@ -43,7 +43,7 @@ engine decodes all 128 at once, ~46 generated tokens each, p90 71) and train in 
 beyond that noise, and engine.max_new_tokens 64 none either): the trainer's time grows with the
 episodes, the batched decode's more slowly, so 128 episodes brings the two closest. One rollout
 worker with one thread: a second one on the same core only splits it. The budget
-(orchestrator.time_budget_s 210) fits ~12-15 synchronous steps; the measured per-step
+(orchestrator.time_budget_s 210) fitted 18-23 synchronous and 35-38 asynchronous steps here; the measured per-step
 generation and training times of every run are in the JSON (generate_s_per_step,
 train_s_per_step, and the ceiling they give). orchestrator.in_flight_updates is off: with it on,
 the async worker loaded each new version in the middle of its 128 episodes and recomputed their
