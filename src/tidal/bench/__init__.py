@@ -21,6 +21,8 @@ BENCHMARKS = {
                "real-time RL: serving vs generate(), feedback ingest and kill -9, the online cycle, bad candidates"),
     "integrity": ("tidal.bench.integrity_bench",
                   "reward hacking: planted-suite recall / false positives, trace cost, RL with detection off vs on"),
+    "async": ("tidal.bench.async_bench",
+              "async vs sync RL on pinned cores: time to a held-out pass@1 target, utilisation, elastic pools, simulator error"),
     "multiturn": ("tidal.bench.multiturn_bench",
                   "multi-turn rollout time with the engine's prefix cache vs prefilling every turn"),
 }

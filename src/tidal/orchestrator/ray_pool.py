@@ -30,7 +30,9 @@ def start_ray(num_cpus: int) -> None:
         if address:
             ray.init(address=address, log_to_driver=False)
         else:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+            # address="local": a Ray of this process's own; a plain init() would join any
+            # cluster another process started on this machine, with other settings
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                      configure_logging=False, _system_config={"automatic_object_spilling_enabled": False})
     except Exception as e:  # Ray raises many types (ConnectionError, RuntimeError, TimeoutError...)
         where = f"the cluster at RAY_ADDRESS={address}" if address else "a local Ray instance"
