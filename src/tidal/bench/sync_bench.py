@@ -5,7 +5,9 @@
 
     a. codec on the standard workload (107M-param Qwen3-style model, bf16 serving weights of fp32
        masters, AdamW lr 1e-6 on its own next-token loss) and on a short RL run's real steps:
-       tidal vs the full snapshot, vs XOR+zstd-1, vs the order-0 entropy bound; MB/s per core
+       tidal vs the full snapshot, vs XOR+zstd-1, vs the order-0 entropy bound; MB/s per core;
+       beside it the same steps as an fp8 checkpoint (e4m3fn linear weights re-quantised from the
+       fp32 masters each step, per-block or per-tensor fp32 scales, the rest bf16): "codec.fp8.*"
     b. one update over an emulated WAN (netns + veth, tbf 1 Gbit/s, +50 ms RTT proxy): tidal vs
        the full snapshot over HTTP vs rsync of the safetensors file (root, rsync, iproute2);
        beside it the receiver's constants on this machine ("receiver": decode+apply, BLAKE3 and
@@ -30,11 +32,13 @@ from pydantic import Field
 from tidal.bench.common import write_json
 from tidal.bench.config import config_record, main
 from tidal.bench.sync_codec import (
-    adamw_snapshots,
+    adamw_models,
+    fp8_snapshot,
     measure_step,
     median_of,
     receiver_throughput,
     rl_snapshots,
+    serving_snapshot,
 )
 from tidal.config import ConfigError, TidalConfig
 from tidal.section import Section
@@ -61,6 +65,9 @@ class BenchSection(Section):
     """Tokens per sequence of workload a's next-token loss."""
     batch: int = Field(2, ge=1)
     """Sequences per AdamW step of workload a."""
+    fp8_block: int = Field(128, ge=0, le=4096)
+    """Side, in elements, of the square tile that shares one scale in workload a's fp8 rows
+    (128 = DeepSeek-V3's block scales); 0 = one scale per tensor."""
     rl_steps: int = Field(4, ge=0)
     """RL trainer steps of workload b (the default recipe's short RL run); 0 = skip it."""
     wan: bool = True
@@ -77,6 +84,20 @@ def print_rows(title: str, rows: list[dict]) -> None:
         print(f"{i:>4} " + " ".join(f"{r[c]:>22.4g}" for c in COLUMNS))
 
 
+def workload_a(bench: BenchSection, sync: SyncConfig) -> tuple[list[dict], list[dict], tuple]:
+    """(bf16 rows, fp8 rows, the last bf16 (previous, current) pair): one AdamW run, each step
+    served both ways from the same fp32 masters."""
+    rows, fp8_rows, prev, last_pair = [], [], None, None
+    for model in adamw_models(bench.steps, bench.seq_len, bench.batch):
+        cur = (serving_snapshot(model), fp8_snapshot(model, bench.fp8_block))
+        if prev is not None:
+            rows.append(measure_step(prev[0], cur[0], sync.chunk_elements, sync.threads))
+            fp8_rows.append(measure_step(prev[1], cur[1], sync.chunk_elements, sync.threads))
+            last_pair = (prev[0], cur[0])
+        prev = cur
+    return rows, fp8_rows, last_pair
+
+
 def codec_rows(snapshots, sync: SyncConfig) -> tuple[list[dict], tuple]:
     rows, prev, last_pair = [], None, None
     for snap in snapshots:
@@ -85,6 +106,19 @@ def codec_rows(snapshots, sync: SyncConfig) -> tuple[list[dict], tuple]:
             last_pair = (prev, snap)
         prev = snap
     return rows, last_pair
+
+
+FP8_KEYS = COLUMNS + ("full_bytes",)
+
+
+def fp8_record(rows_bf16: list[dict], rows_fp8: list[dict], block: int) -> dict:
+    """Workload a's fp8 medians as "codec.fp8.*" beside "codec.bf16.*" (the same steps), and
+    the fp8 update's bytes per bf16 update byte."""
+    out = {"codec.fp8.scale_block": block, "steps_fp8": rows_fp8}
+    for name, rows in (("bf16", rows_bf16), ("fp8", rows_fp8)):
+        out.update({f"codec.{name}.{k}": median_of(rows, k) for k in FP8_KEYS})
+    out["codec.fp8.bytes_per_bf16_byte"] = out["codec.fp8.bytes"] / out["codec.bf16.bytes"]
+    return out
 
 
 LINK = {"bandwidth_bps": 1e9, "latency_s": 0.025, "overhead_s": 0.002}
@@ -174,10 +208,13 @@ def run(bench: BenchSection, cfg: TidalConfig, json_path: str | None) -> int:
 
 def measure(bench: BenchSection, sync: SyncConfig, work: Path) -> dict:
     """Parts a, b and c in ``work``; prints their tables; returns the result."""
-    rows_a, (prev, cur) = codec_rows(adamw_snapshots(bench.steps, bench.seq_len, bench.batch), sync)
+    rows_a, rows_fp8, (prev, cur) = workload_a(bench, sync)
     print_rows("a. codec, standard workload (107M params, AdamW lr 1e-6, bf16 serving)", rows_a)
+    scale = f"block {bench.fp8_block}" if bench.fp8_block else "per tensor"
+    print_rows(f"a. codec, the same steps as fp8 (e4m3fn weights re-quantised, {scale} fp32 scales)", rows_fp8)
     result = {c: median_of(rows_a, c) for c in COLUMNS if c != "bytes"}
     result["steps_a"] = rows_a
+    result.update(fp8_record(rows_a, rows_fp8, bench.fp8_block))
     if bench.rl_steps:
         rows_b, _ = codec_rows(rl_snapshots(work / "rl-run", bench.rl_steps), sync)
         print_rows("a. codec, trainer's real steps of a short RL run (default recipe, bf16 serving)", rows_b)

@@ -1,6 +1,7 @@
 """Codec measurements of `tidal bench sync` on consecutive serving snapshots (workload a: a
-~107M-parameter Qwen3-style model, fp32 masters, AdamW at lr 1e-6 on its own next-token loss;
-workload b: the trainer's real steps from a short RL run).
+~107M-parameter Qwen3-style model, fp32 masters, AdamW at lr 1e-6 on its own next-token loss,
+served in bf16 and, beside it, as an fp8 checkpoint re-quantised from the same masters after
+every step; workload b: the trainer's real steps from a short RL run).
 
 Per step: changed fraction, tidal's bytes, the full bf16 snapshot, XOR-then-zstd-level-1 of the
 same chunks (the peer), the order-0 entropy bound, and encode / decode speed as model bytes per
@@ -32,15 +33,61 @@ def serving_snapshot(model, dtype: str = "bfloat16") -> list[TensorBits]:
     return [bits_of(k, v) for k, v in cast_floats(to_hf_state_dict(model), dtype).items()]
 
 
+FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
+
+
+def quantise_fp8(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w`` as e4m3fn and its fp32 dequantisation scales (w ~ q * scale), the way fp8 serving
+    checkpoints store linear weights: one scale per ``block`` x ``block`` tile of a 2-D weight
+    (DeepSeek-V3's ``weight_scale_inv``), or one per tensor (``block`` 0, shape (1,))."""
+    w = w.detach().float()
+    if block == 0 or w.dim() != 2:
+        scale = (w.abs().amax() / FP8_MAX).clamp(min=1e-12).reshape(1)
+        return (w / scale).to(torch.float8_e4m3fn), scale
+    rows, cols = w.shape
+    rb, cb = -(-rows // block), -(-cols // block)
+    tiles = torch.nn.functional.pad(w, (0, cb * block - cols, 0, rb * block - rows)).reshape(rb, block, cb, block)
+    scale = (tiles.abs().amax(dim=(1, 3)) / FP8_MAX).clamp(min=1e-12)
+    q = (tiles / scale[:, None, :, None]).reshape(rb * block, cb * block)[:rows, :cols]
+    return q.to(torch.float8_e4m3fn).contiguous(), scale
+
+
+def is_quantised(name: str, tensor: torch.Tensor) -> bool:
+    """The tensors an fp8 checkpoint stores as e4m3: the decoder layers' 2-D linear weights
+    (embeddings, the LM head and norms stay bf16)."""
+    return tensor.dim() == 2 and name.endswith("proj.weight")
+
+
+def fp8_snapshot(model, block: int = 128) -> list[TensorBits]:
+    """An fp8 serving checkpoint of ``model``'s fp32 masters: e4m3fn linear weights, each with
+    its fp32 ``<name>_scale_inv``, everything else bf16."""
+    from tidal.model.checkpoint import to_hf_state_dict
+
+    out = []
+    for k, v in to_hf_state_dict(model).items():
+        if is_quantised(k, v):
+            q, scale = quantise_fp8(v, block)
+            out += [bits_of(k, q), bits_of(f"{k}_scale_inv", scale)]
+        else:
+            out.append(bits_of(k, v.to(torch.bfloat16) if v.is_floating_point() else v))
+    return out
+
+
 def adamw_snapshots(steps: int, seq_len: int, batch: int, seed: int = 0):
     """Yield the bf16 serving snapshot before training and after each AdamW step (lr 1e-6) on the
     model's own next-token loss over random token sequences."""
+    return (serving_snapshot(model) for model in adamw_models(steps, seq_len, batch, seed))
+
+
+def adamw_models(steps: int, seq_len: int, batch: int, seed: int = 0):
+    """Yield workload a's model (one object, fp32 masters) before training and after each AdamW
+    step; the caller takes what it serves from it before asking for the next."""
     from tidal.model import ModelConfig, build_model
 
     torch.manual_seed(seed)
     model = build_model(ModelConfig(**STANDARD_MODEL), seed=seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    yield serving_snapshot(model)
+    yield model
     for _ in range(steps):
         tokens = torch.randint(0, STANDARD_MODEL["vocab_size"], (batch, seq_len + 1))
         logits = model(tokens[:, :-1])
@@ -48,7 +95,7 @@ def adamw_snapshots(steps: int, seq_len: int, batch: int, seed: int = 0):
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        yield serving_snapshot(model)
+        yield model
 
 
 def measure_step(old: list[TensorBits], new: list[TensorBits], chunk_elements: int, threads: int) -> dict:

@@ -1,6 +1,6 @@
 """`tidal sync publish | serve | relay | pull`: any process can take part in weight sync.
 
-    tidal sync publish CHECKPOINT_DIR --root ROOT      next version (delta, or anchor as configured)
+    tidal sync publish CHECKPOINT_DIR --root ROOT [--dtype keep]   next version (delta or anchor)
     tidal sync serve --root ROOT --port PORT           origin
     tidal sync relay --upstream URL --port PORT --cache DIR
     tidal sync pull --upstream URL --out DIR [--version V]
@@ -20,18 +20,31 @@ def _cfg(args, rest):
     return load_config(args.config, rest).sync
 
 
+def _dtype(flag: str | None, cfg) -> str:
+    """--dtype (checked and "auto" resolved like sync.serving_dtype), else sync.serving_dtype."""
+    from tidal.hardware import resolve_dtype
+    from tidal.sync.dtypes import check_dtype_name
+    from tidal.sync.errors import SyncError
+
+    if flag is None:
+        return cfg.serving_dtype
+    try:
+        return resolve_dtype(check_dtype_name(flag, ("auto", "keep")))
+    except ValueError as e:
+        raise SyncError(f"--dtype: {e}") from None
+
+
 def cmd_publish(args, rest) -> int:
     from tidal.sync.errors import SyncError
     from tidal.sync.publisher import Publisher
-    from tidal.sync.tensors import bits_of, cast_floats, read_safetensors_folder
+    from tidal.sync.dtypes import serving_bits
+    from tidal.sync.tensors import read_safetensors_folder
 
     cfg = _cfg(args, rest)
     folder = Path(args.checkpoint)
     if not folder.is_dir() or not list(folder.glob("*.safetensors")):
         raise SyncError(f"{folder} holds no *.safetensors files: name a checkpoint folder")
-    tensors = read_safetensors_folder(folder)
-    dtype = args.dtype or cfg.serving_dtype
-    tensors = [bits_of(t.name, cast_floats({t.name: t.to_torch()}, dtype)[t.name], t.file) for t in tensors]
+    tensors = serving_bits(read_safetensors_folder(folder), _dtype(args.dtype, cfg), cfg.dtype_rules)
     files = {p.name: p.read_bytes() for p in sorted(folder.iterdir())
              if p.is_file() and p.suffix != ".safetensors" and p.stat().st_size <= args.max_side_file_bytes}
     forms = Publisher(args.root, cfg).publish(tensors, files, version=args.version, anchor=args.anchor)
@@ -83,7 +96,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--root", required=True, help="the origin's version folder")
     p.add_argument("--version", type=int, help="version number (default: the next one)")
     p.add_argument("--anchor", action="store_true", help="also publish a full snapshot now")
-    p.add_argument("--dtype", help="serving dtype (default: sync.serving_dtype)")
+    p.add_argument("--dtype", help='serving dtype, or "keep" = each tensor as stored (default: '
+                                   "sync.serving_dtype; sync.dtype_rules still apply per tensor)")
     p.add_argument("--max-side-file-bytes", type=int, default=64 << 20,
                    help="other files up to this size (config.json, tokenizer) travel along")
     common(p)

@@ -2,9 +2,10 @@
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from tidal.section import AUTO_DTYPE, Section
+from tidal.sync.dtypes import DtypeRule, check_dtype_name
 
 
 class SyncConfig(Section):
@@ -13,11 +14,19 @@ class SyncConfig(Section):
     origin server on loopback and one puller per worker (this subsystem); "filesystem" = whole
     Hugging Face folders in the run directory (simple to inspect and debug)."""
     serving_dtype: Annotated[str, AUTO_DTYPE] = "auto"
-    """dtype `tidal sync publish` casts floating-point tensors to before publishing (any torch
-    dtype name: bfloat16, float16, float32, ...). "auto" = what model.dtype's "auto" is on the
-    publishing machine (bfloat16 with native bf16, else float32); set it explicitly when the pools
-    that pull run on other hardware. `tidal train` publishes in model.dtype, the dtype its engines
-    run."""
+    """dtype `tidal sync publish` casts floating-point tensors to before publishing (any floating
+    torch dtype name: bfloat16, float16, float32, float8_e4m3fn, ...), or "keep" = every tensor
+    in the dtype it is stored in, bit for bit (mixed fp8/bf16/fp32 checkpoints). "auto" = what
+    model.dtype's "auto" is on the publishing machine (bfloat16 with native bf16, else float32);
+    set it explicitly when the pools that pull run on other hardware. `tidal train` publishes in
+    model.dtype, the dtype its engines run. dtype_rules override it per tensor."""
+    dtype_rules: list[DtypeRule] = []
+    """Per-tensor dtypes, tried in order before serving_dtype, the first matching rule deciding:
+    a list of {pattern = GLOB over tensor names, dtype = "keep" or a floating torch dtype,
+    lossy = false}, e.g. [{pattern = "*.weight_scale*", dtype = "keep"}, {pattern = "*norm*",
+    dtype = "float32"}]. Used by `tidal sync publish` and by `tidal train`'s publisher. An fp8
+    tensor cast to a dtype that cannot hold its values is an error unless its rule says
+    lossy = true. [] = serving_dtype for every floating tensor."""
     anchor_every: int = Field(10, ge=1)
     """Publish a full snapshot (an anchor) every this many versions; the others are deltas
     against the previous version. 1 = anchors only."""
@@ -51,3 +60,8 @@ class SyncConfig(Section):
     that predates this field cannot read new manifests (nor PAIRED chunks) whichever is chosen."""
     threads: int = Field(2, ge=1, le=256)
     """Threads that encode or decode chunks in parallel."""
+
+    @field_validator("serving_dtype")
+    @classmethod
+    def _known_serving_dtype(cls, v: str) -> str:
+        return check_dtype_name(v, ("auto", "keep"))

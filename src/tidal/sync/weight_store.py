@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from tidal.sync.config import SyncConfig
+from tidal.sync.dtypes import serving_tensors
 from tidal.sync.publisher import Publisher
 from tidal.sync.puller import Puller
 from tidal.sync.server import ServerThread, make_app
@@ -25,10 +26,11 @@ CONFIG_FILE = "config.json"
 
 class HttpWeightPublisher(WeightPublisher):
     def __init__(self, root: str | Path, cfg: SyncConfig, dtype: str, host: str = "127.0.0.1"):
-        """``dtype``: the serving dtype (the rollout engines' dtype). The root starts empty: a
+        """``dtype``: the serving dtype (the rollout engines' dtype; ``cfg.dtype_rules`` apply per
+        tensor on top, as in `tidal sync publish`). The root starts empty: a
         run's workers are fresh, so earlier runs' versions are of no use to them."""
         shutil.rmtree(root, ignore_errors=True)
-        self.dtype = dtype
+        self.dtype, self.rules = dtype, cfg.dtype_rules
         self.publisher = Publisher(root, cfg)
         self.server = ServerThread(make_app(self.publisher.store), host=host)
 
@@ -40,7 +42,7 @@ class HttpWeightPublisher(WeightPublisher):
     def publish(self, model, version: int) -> None:
         from tidal.model.checkpoint import config_to_hf, to_hf_state_dict
 
-        tensors = cast_floats(to_hf_state_dict(model), self.dtype)
+        tensors = serving_tensors(to_hf_state_dict(model), self.dtype, self.rules)
         config = json.dumps(config_to_hf(model.config, self.dtype)).encode()
         self.publisher.publish([bits_of(k, v) for k, v in tensors.items()], {CONFIG_FILE: config},
                                version=version)
