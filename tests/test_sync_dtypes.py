@@ -227,3 +227,32 @@ def test_a_single_serving_dtype_casts_as_before(tmp_path, two_versions):
     assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) and a.dtype == b.dtype
                for a, b in zip(serving_tensors(s, "bfloat16").values(), cast_floats(s, "bfloat16").values()))
     assert SyncConfig().dtype_rules == []
+
+
+@pytest.mark.parametrize("block", [64, 0])
+def test_quantise_fp8_scales_each_block_to_the_e4m3_range(block):
+    w = torch.randn(130, 70, generator=torch.Generator().manual_seed(0)) * 0.02
+    w[0, 0] = 1e4  # one outlier: with one scale per tensor the small weights fall below e4m3's range
+    q, scale = quantise_fp8(w, block)
+    assert q.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32
+    assert scale.shape == ((3, 2) if block else (1,))
+    tiles = scale.repeat_interleave(block, 0).repeat_interleave(block, 1)[:130, :70] if block else scale
+    deq = q.float() * tiles
+    assert q.float().abs().max() == 448.0  # the largest element of a tile maps to e4m3's max
+    err = ((deq - w).abs() / tiles).max()
+    assert err <= 448.0 / 16  # within half a step of e4m3 at the top of its range (3 mantissa bits)
+    if block:  # a tile without the outlier keeps its own scale; one scale per tensor flushes it
+        per_tensor = quantise_fp8(w, 0)
+        far = (slice(64, 128), slice(0, 64))
+        coarse = (per_tensor[0].float() * per_tensor[1] - w)[far].abs().mean()
+        assert (deq - w)[far].abs().mean() < coarse / 4
+
+
+def test_fp8_record_reports_fp8_beside_bf16():
+    from tidal.bench.sync_bench import FP8_KEYS, fp8_record
+
+    row = {k: 2.0 for k in FP8_KEYS}
+    rec = fp8_record([row, {**row, "bytes": 4.0}], [{**row, "bytes": 1.0}], 128)
+    assert rec["codec.bf16.bytes"] == 3.0 and rec["codec.fp8.bytes"] == 1.0
+    assert rec["codec.fp8.bytes_per_bf16_byte"] == pytest.approx(1 / 3)
+    assert {f"codec.fp8.{k}" for k in ("ratio_vs_full", "encode_mb_s_per_core", "decode_mb_s_per_core")} <= set(rec)

@@ -51,9 +51,14 @@ def new_hasher(hash: str):
 
 
 def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype a manifest or checkpoint names; a version naming one this torch lacks (an
+    fp8 format newer than it) is an error saying so, not a crash deep in decoding."""
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown torch dtype {name!r}")
+        from tidal.sync.errors import SyncError
+
+        raise SyncError(f"unknown torch dtype {name!r}: this torch ({torch.__version__}) does not have it; "
+                        f"install a torch that does, or publish that tensor in another dtype (sync.dtype_rules)")
     return dtype
 
 
