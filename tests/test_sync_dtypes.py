@@ -51,7 +51,7 @@ def read_all(folder) -> dict[str, tuple[str, bytes]]:
     out = {}
     for path in sorted(folder.glob("*.safetensors")):
         with safe_open(str(path), "pt") as f:
-            for k in f.keys():
+            for k in f.keys():  # noqa: SIM118  (a safe_open handle is not iterable)
                 t = f.get_tensor(k)
                 out[k] = (str(t.dtype), t.contiguous().view(torch.uint8).numpy().tobytes())
     return out

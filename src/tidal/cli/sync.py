@@ -1,6 +1,7 @@
 """`tidal sync publish | serve | relay | pull`: any process can take part in weight sync.
 
-    tidal sync publish CHECKPOINT_DIR --root ROOT [--dtype keep]   next version (delta or anchor)
+    tidal sync publish CHECKPOINT_DIR --root ROOT      next version (delta, or anchor as configured);
+                                                       --dtype keep: each tensor as stored
     tidal sync serve --root ROOT --port PORT           origin
     tidal sync relay --upstream URL --port PORT --cache DIR
     tidal sync pull --upstream URL --out DIR [--version V]
@@ -35,9 +36,9 @@ def _dtype(flag: str | None, cfg) -> str:
 
 
 def cmd_publish(args, rest) -> int:
+    from tidal.sync.dtypes import serving_bits
     from tidal.sync.errors import SyncError
     from tidal.sync.publisher import Publisher
-    from tidal.sync.dtypes import serving_bits
     from tidal.sync.tensors import read_safetensors_folder
 
     cfg = _cfg(args, rest)

@@ -20,7 +20,7 @@ class SyncConfig(Section):
     model.dtype's "auto" is on the publishing machine (bfloat16 with native bf16, else float32);
     set it explicitly when the pools that pull run on other hardware. `tidal train` publishes in
     model.dtype, the dtype its engines run. dtype_rules override it per tensor."""
-    dtype_rules: list[DtypeRule] = []
+    dtype_rules: list[DtypeRule] = Field(default_factory=list)
     """Per-tensor dtypes, tried in order before serving_dtype, the first matching rule deciding:
     a list of {pattern = GLOB over tensor names, dtype = "keep" or a floating torch dtype,
     lossy = false}, e.g. [{pattern = "*.weight_scale*", dtype = "keep"}, {pattern = "*norm*",
