@@ -252,7 +252,8 @@ def test_fp8_record_reports_fp8_beside_bf16():
     from tidal.bench.sync_bench import FP8_KEYS, fp8_record
 
     row = {k: 2.0 for k in FP8_KEYS}
-    rec = fp8_record([row, {**row, "bytes": 4.0}], [{**row, "bytes": 1.0}], 128)
+    rec = fp8_record([row, {**row, "bytes": 4.0}], [{**row, "bytes": 1.0, "bytes_by_dtype": {"float32": 7}}], 128)
+    assert rec["codec.fp8.bytes.float32"] == 7
     assert rec["codec.bf16.bytes"] == 3.0 and rec["codec.fp8.bytes"] == 1.0
     assert rec["codec.fp8.bytes_per_bf16_byte"] == pytest.approx(1 / 3)
     assert {f"codec.fp8.{k}" for k in ("ratio_vs_full", "encode_mb_s_per_core", "decode_mb_s_per_core")} <= set(rec)

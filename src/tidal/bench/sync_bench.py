@@ -27,6 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 from pydantic import Field
 
 from tidal.bench.common import write_json
@@ -114,12 +115,15 @@ each form's own model bytes (fp8 checkpoint ~0.6x bf16's) per CPU second."""
 
 
 def fp8_record(rows_bf16: list[dict], rows_fp8: list[dict], block: int) -> dict:
-    """Workload a's fp8 medians as "codec.fp8.*" beside "codec.bf16.*" (the same steps), and
-    the fp8 update's bytes per bf16 update byte."""
+    """Workload a's fp8 medians as "codec.fp8.*" beside "codec.bf16.*" (the same steps), the
+    fp8 update's bytes per bf16 update byte, and its bytes per dtype ("codec.fp8.bytes.float32":
+    the scales)."""
     out = {"codec.fp8.scale_block": block, "steps_fp8": rows_fp8}
     for name, rows in (("bf16", rows_bf16), ("fp8", rows_fp8)):
         out.update({f"codec.{name}.{k}": median_of(rows, k) for k in FP8_KEYS})
     out["codec.fp8.bytes_per_bf16_byte"] = out["codec.fp8.bytes"] / out["codec.bf16.bytes"]
+    for dtype in rows_fp8[0].get("bytes_by_dtype", {}):  # where the fp8 update's bytes go
+        out[f"codec.fp8.bytes.{dtype}"] = float(np.median([r["bytes_by_dtype"][dtype] for r in rows_fp8]))
     return out
 
 

@@ -138,8 +138,12 @@ def measure_step(old: list[TensorBits], new: list[TensorBits], chunk_elements: i
         bound_bits += bits
         changed += c
     ours = sum(len(p) for p in payloads)
+    by_dtype: dict[str, int] = {}
+    for (i, _, _), p in zip(ranges, payloads):
+        by_dtype[new[i].dtype] = by_dtype.get(new[i].dtype, 0) + len(p)
     mb = full / 1e6
     return {
+        "bytes_by_dtype": by_dtype,
         "changed_fraction": changed / sum(t.bits.size for t in new),
         "bytes": ours, "full_bytes": full, "xor_zstd_bytes": peer, "bound_bytes": bound_bits / 8,
         "ratio_vs_full": full / ours, "ratio_vs_xor_zstd": peer / ours,
