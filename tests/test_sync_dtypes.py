@@ -195,7 +195,7 @@ def test_a_bad_rule_is_a_config_error_naming_the_field(tmp_path, recipe, field):
 
 def test_a_lossy_fp8_cast_needs_to_be_asked_for(tmp_path, capsys):
     scale = DtypeRule(pattern="*", dtype="float8_e5m2")
-    with pytest.raises(SyncError, match=r"sync\.dtype_rules\[0\] \(pattern '\*'\) casts fp8 tensor a\.q_proj\.weight"):
+    with pytest.raises(SyncError, match=r"sync\.dtype_rules\.0\.dtype \(pattern '\*'\) casts fp8 tensor a\.q_proj\.weight"):
         serving_tensors(state(), "keep", [scale])
     lossy = serving_tensors(state(), "keep", [scale.model_copy(update={"lossy": True})])
     assert lossy["a.q_proj.weight"].dtype == torch.float8_e5m2

@@ -93,7 +93,7 @@ def target_dtype(name: str, stored: torch.dtype, serving: str, rules: Sequence[D
         raise SyncError(f"unknown serving dtype {serving!r} (--dtype or sync.serving_dtype): write "
                         f"{KEEP!r} or a floating torch dtype such as bfloat16")
     if stored in FP8_DTYPES and target != stored and not (hit and hit[1].lossy) and not exact_cast(stored, target):
-        what = (f"sync.dtype_rules[{hit[0]}] (pattern {hit[1].pattern!r}) casts" if hit
+        what = (f"sync.dtype_rules.{hit[0]}.dtype (pattern {hit[1].pattern!r}) casts" if hit
                 else f"the serving dtype {wanted!r} (--dtype or sync.serving_dtype) would cast")
         raise SyncError(f"{what} fp8 tensor {name} from {str(stored).removeprefix('torch.')} to {wanted}, "
                         f"which changes some of its values: add a rule {{pattern = ..., dtype = \"keep\"}} before "
