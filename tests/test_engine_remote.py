@@ -1,0 +1,202 @@
+"""engine.backend = "remote": generation through `tidal serve` as a child process, on a tiny MoE
+model built here. The remote backend's tokens, logprobs and experts equal the built-in engine's
+on the same weights; a weight update through POST /v1/tidal/update_weights changes the version
+and the outputs; replies of the wrong weights or too old a version are refused; a dead or
+silent server is an error within the configured timeouts, never a hang; router replay
+"required" on a server that reports no experts is a config error at start."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import torch
+from aiohttp import web
+
+from tidal.bench.online_server import ServerProcess, free_port
+from tidal.config import load_config
+from tidal.engine import Engine, EngineConfig, GenerationRequest
+from tidal.engine.remote import RemoteEngine, RemoteEngineError, StaleReply
+from tidal.engine.remote.kinds import Reply
+from tidal.errors import UserError
+from tidal.model.checkpoint import save_pretrained
+from tidal.model.presets import preset
+from tidal.model.qwen3 import build_model
+from tidal.model.tokenizer import ByteTokenizer
+from tidal.online.weights import weights_digest
+from tidal.sync.config import SyncConfig
+from tidal.sync.weight_store import HttpWeightPublisher
+
+ENGINE = ["--engine.max_seq_len", "128", "--engine.max_new_tokens", "16",
+          "--engine.max_batch_size", "8"]
+SERVE = [*ENGINE, "--online.learner.enabled", "false", "--online.serve.max_tokens", "16",
+         "--model.dtype", "float32", "--trainer.dtype", "float32"]
+PROMPTS = [[1, 100, 101, 102], [1, 40, 41], [1, 7, 8, 9, 10, 11, 12], [1, 200]]
+
+
+def remote_cfg(url: str, **remote) -> EngineConfig:
+    cfg = load_config(None, ENGINE).engine
+    return cfg.model_copy(update={"backend": "remote", "remote": cfg.remote.model_copy(
+        update={"url": url, "request_timeout_s": 60.0, "retry_backoff_s": 0.05, **remote})})
+
+
+def requests(temperature: float) -> list[GenerationRequest]:
+    return [GenerationRequest(p, temperature=temperature, seed=1000 + i, stop=[])
+            for i, p in enumerate(PROMPTS)]
+
+
+def builtin(model) -> Engine:
+    return Engine(model, ByteTokenizer(), load_config(None, ENGINE).engine)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(server, its url, the model it serves as version 0, the publisher of the run's weights)."""
+    root = tmp_path_factory.mktemp("remote")
+    model = build_model(preset("tiny-moe"), seed=0)
+    save_pretrained(model, root / "ck", ByteTokenizer())
+    server = ServerProcess(load_config(None, SERVE), root / "serve", root / "ck", SERVE)
+    url = server.start()
+    publisher = HttpWeightPublisher(root / "weights", SyncConfig(), "float32")
+    try:
+        yield server, url, model, publisher
+    finally:
+        publisher.close()
+        server.stop()
+
+
+def engine_for(url: str, model, publisher=None, **kw) -> RemoteEngine:
+    return RemoteEngine(remote_cfg(url), ByteTokenizer(), model.config,
+                        weights=publisher.address if publisher else "", **kw)
+
+
+def assert_same(local, remote):
+    for a, b in zip(local, remote, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.finish_reason == b.finish_reason
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-6)
+        assert a.experts == b.experts and a.prompt_experts == b.prompt_experts
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_remote_equals_builtin_on_the_same_weights(served, temperature):
+    _, url, model, _ = served
+    local = builtin(model).generate(requests(temperature))
+    remote = engine_for(url, model)
+    try:
+        got = remote.generate(requests(temperature))
+    finally:
+        remote.close()
+    assert_same(local, got)
+    assert [r.logprobs for r in local] == [r.logprobs for r in got]  # bit for bit, as measured
+    assert all(v == 0 for r in got for v in r.versions)
+    assert got[0].experts is not None and len(got[0].experts[0]) == model.config.num_hidden_layers
+
+
+def test_weight_update_changes_version_and_outputs_and_old_versions_are_refused(served):
+    _, url, model, publisher = served
+    newer = build_model(preset("tiny-moe"), seed=1)
+    publisher.publish(newer, 1)
+    remote = engine_for(url, model, publisher, max_lag=0)
+    try:
+        before = remote.generate(requests(0.0))
+        remote.load_weights(None, 1)
+        assert remote.version == 1
+        after = remote.generate(requests(0.0))
+        assert all(v == 1 for r in after for v in r.versions)
+        assert [r.token_ids for r in after] != [r.token_ids for r in before]
+        assert_same(builtin(newer).generate(requests(0.0)), after)
+        assert remote._digests[1] == weights_digest(publisher.publisher.store.manifest(1, "anchor"))
+        # a reply of an older version than the bound allows is refused, not used
+        remote._version = 3
+        with pytest.raises(StaleReply, match="staleness bound"):
+            remote._checked(Reply([1], [0.0], "eos", 1, remote._digests[1]), 3)
+        remote._version = 1
+        # a reply naming a version this worker loaded, with other weights, is refused
+        remote._digests[1] = "0" * 64
+        with pytest.raises(RemoteEngineError, match="other weights under that number"):
+            remote.generate(requests(0.0)[:1])
+    finally:
+        remote.close()
+
+
+def test_a_version_number_never_names_two_sets_of_weights(served, tmp_path):
+    _, url, model, publisher = served
+    if publisher.latest_version() != 1:
+        publisher.publish(build_model(preset("tiny-moe"), seed=1), 1)
+    first = engine_for(url, model, publisher)
+    first.load_weights(None, 1)
+    first.close()
+    other = HttpWeightPublisher(tmp_path / "other", SyncConfig(), "float32")
+    try:
+        other.publish(build_model(preset("tiny-moe"), seed=2), 1)
+        remote = engine_for(url, model, other)
+        try:
+            with pytest.raises(RemoteEngineError, match="already registered"):
+                remote.load_weights(None, 1)
+        finally:
+            remote.close()
+    finally:
+        other.close()
+
+
+def test_a_server_that_is_down_is_a_clear_error_naming_the_url():
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(RemoteEngineError, match=f"cannot reach the inference server at {url}"):
+        RemoteEngine(remote_cfg(url), ByteTokenizer(), preset("tiny").model_copy())
+
+
+class Silent:
+    """An HTTP server that answers the probe and never answers a generation."""
+
+    def __init__(self):
+        async def models(_):
+            return web.json_response({"data": []})
+
+        async def hang(_):
+            await asyncio.sleep(3600)
+
+        app = web.Application()
+        app.add_routes([web.get("/v1/models", models), web.post("/v1/completions", hang)])
+        self.loop = asyncio.new_event_loop()
+        self.port = free_port()
+        runner = web.AppRunner(app)
+        self.loop.run_until_complete(runner.setup())
+        self.loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+
+
+def test_a_silent_server_fails_the_request_after_the_timeout_and_retries():
+    silent = Silent()
+    cfg = remote_cfg(f"http://127.0.0.1:{silent.port}", request_timeout_s=0.3, retries=1)
+    remote = RemoteEngine(cfg, ByteTokenizer(), preset("tiny").model_copy())
+    try:
+        remote.submit(requests(0.0)[0])
+        with pytest.raises(RemoteEngineError, match=r"failed 2 times .*no answer within 0.3 s"):
+            for _ in range(10_000):  # each step waits at most poll_s; the request ends the loop
+                remote.step()
+    finally:
+        remote.close()
+
+
+def test_router_replay_required_without_expert_ids_is_a_config_error_at_start():
+    cfg = remote_cfg("http://127.0.0.1:9", kind="vllm", weights_dir="/tmp/x")
+    with pytest.raises(UserError, match="router_replay = 'if_available'"):
+        RemoteEngine(cfg, ByteTokenizer(), preset("tiny-moe"), router_replay="required")
+
+
+def test_a_server_killed_mid_run_fails_the_worker_quickly(served):
+    """Last in this file: it kills the module's server."""
+    server, url, model, _ = served
+    cfg = remote_cfg(url, request_timeout_s=5.0, retries=1, connect_timeout_s=1.0)
+    remote = RemoteEngine(cfg, ByteTokenizer(), model.config)
+    try:
+        remote.generate(requests(0.0)[:1])
+        server.kill9()
+        remote.submit(requests(0.0)[0])
+        with pytest.raises(RemoteEngineError, match="failed 2 times"):
+            for _ in range(100_000):
+                remote.step()
+    finally:
+        remote.close()
