@@ -41,6 +41,19 @@ class RemoteConfig(Section):
     """Seconds before the first retry, doubling with each further one."""
     max_in_flight: int = Field(64, ge=1)
     """Requests this worker has open at the server at once; more wait in the worker's queue."""
+    launch: bool = False
+    """kind vllm only: the rollout worker starts `vllm serve` itself on weights_dir at the port
+    of url, health-checks it and starts it again if it dies (tidal.engine.vllm_server); one
+    server per worker. False: the server is started by someone else."""
+    launch_command: list[str] = ["vllm", "serve"]
+    """The program (and its first arguments) that starts the server; tidal appends the model
+    folder and its own flags (vllm_server.vllm_command), then launch_args."""
+    launch_args: list[str] = []
+    """More flags for the launched server, e.g. ["--gpu-memory-utilization", "0.5"]."""
+    startup_timeout_s: float = Field(900.0, gt=0)
+    """Seconds a launched server may take to answer GET /health (loading, compiling)."""
+    max_restarts: int = Field(3, ge=0)
+    """Times a launched server that died is started again before the worker fails."""
     poll_s: float = Field(0.02, gt=0, le=1.0)
     """Longest a ``step()`` waits for a finished request before it returns none (the harness
     then lets episodes advance and calls it again), seconds."""

@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 from tidal.engine.remote.engine import RemoteEngine
+from tidal.errors import UserError
 
 RELOADED_FILES = ("config.json", "model.safetensors")
 """What ``write_version`` replaces in the server's folder (tokenizer files stay as they are)."""
@@ -35,11 +36,32 @@ def remote_engine(cfg, init_checkpoint: str, weights_address: str) -> RemoteEngi
     """The worker's engine for engine.backend = "remote": the served model's config and
     tokenizer from ``init_checkpoint`` (no weights are loaded here), the run's weight transport
     at ``weights_address`` for the server to pull from, the staleness bound of the run."""
-    from tidal.model import load_tokenizer
     from tidal.model.checkpoint import config_from_hf
 
     mcfg = config_from_hf(json.loads((Path(init_checkpoint) / "config.json").read_text()))
     folder = cfg.engine.remote.weights_dir
+    server = None
+    if cfg.engine.remote.launch:
+        from tidal.engine.vllm_server import VllmServer
+
+        if cfg.engine.remote.kind != "vllm":
+            raise UserError("engine.remote.launch starts vLLM only: set engine.remote.kind = "
+                            "'vllm', or start the server yourself and set launch = false")
+        server = VllmServer.for_config(cfg.engine, init_checkpoint, cfg.model.dtype,
+                                       cfg.run.seed).start()
+    try:
+        engine = _engine(cfg, init_checkpoint, weights_address, mcfg, folder)
+    except BaseException:
+        if server is not None:
+            server.stop()
+        raise
+    engine.supervisor = server
+    return engine
+
+
+def _engine(cfg, init_checkpoint, weights_address, mcfg, folder) -> RemoteEngine:
+    from tidal.model import load_tokenizer
+
     return RemoteEngine(cfg.engine, load_tokenizer(init_checkpoint), mcfg, weights=weights_address,
                         transport=cfg.sync.transport, max_lag=cfg.orchestrator.max_staleness,
                         router_replay=cfg.trainer.router_replay,

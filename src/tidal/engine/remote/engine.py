@@ -69,6 +69,9 @@ class RemoteEngine:
                 f"token through, and a {self.kind} server (engine.remote.kind) does not report "
                 "them; set trainer.router_replay = 'if_available' (or 'off'), or serve with "
                 "tidal serve (engine.remote.kind = 'tidal')")
+        self.supervisor = None
+        """A launched server's VllmServer (engine.remote.launch): checked each step, stopped
+        on close."""
         self._version = -1
         self._digests: dict[int, str | None] = {}
         self._futures: dict[int, cf.Future] = {}
@@ -102,6 +105,8 @@ class RemoteEngine:
     def step(self) -> list[GenerationResult]:
         """The requests that finished within engine.remote.poll_s (maybe none); raises the
         first failed request's RemoteEngineError."""
+        if self.supervisor is not None and self.supervisor.failed:
+            raise RemoteEngineError(f"the launched server at {self.url}: {self.supervisor.failed}")
         if not self._futures:
             return []
         done, _ = cf.wait(list(self._futures.values()), timeout=self.rcfg.poll_s,
@@ -147,6 +152,8 @@ class RemoteEngine:
         return self._call(self._get(kinds.probe_path(self.kind)))
 
     def close(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.stop()
         if self._loop.is_closed():
             return
         self._call(self._session.close())
