@@ -8,6 +8,8 @@ silent server is an error within the configured timeouts, never a hang; router r
 from __future__ import annotations
 
 import asyncio
+import json
+import urllib.request
 import threading
 
 import pytest
@@ -79,6 +81,7 @@ def assert_same(local, remote):
         assert a.experts == b.experts and a.prompt_experts == b.prompt_experts
 
 
+@pytest.mark.slow  # a tidal serve child process
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_remote_equals_builtin_on_the_same_weights(served, temperature):
     _, url, model, _ = served
@@ -94,6 +97,7 @@ def test_remote_equals_builtin_on_the_same_weights(served, temperature):
     assert got[0].experts is not None and len(got[0].experts[0]) == model.config.num_hidden_layers
 
 
+@pytest.mark.slow  # a tidal serve child process
 def test_weight_update_changes_version_and_outputs_and_old_versions_are_refused(served):
     _, url, model, publisher = served
     newer = build_model(preset("tiny-moe"), seed=1)
@@ -121,6 +125,7 @@ def test_weight_update_changes_version_and_outputs_and_old_versions_are_refused(
         remote.close()
 
 
+@pytest.mark.slow  # a tidal serve child process
 def test_a_version_number_never_names_two_sets_of_weights(served, tmp_path):
     _, url, model, publisher = served
     if publisher.latest_version() != 1:
@@ -186,6 +191,7 @@ def test_router_replay_required_without_expert_ids_is_a_config_error_at_start():
         RemoteEngine(cfg, ByteTokenizer(), preset("tiny-moe"), router_replay="required")
 
 
+@pytest.mark.slow  # a tidal serve child process
 def test_a_server_killed_mid_run_fails_the_worker_quickly(served):
     """Last in this file: it kills the module's server."""
     server, url, model, _ = served
@@ -200,3 +206,34 @@ def test_a_server_killed_mid_run_fails_the_worker_quickly(served):
                 remote.step()
     finally:
         remote.close()
+
+
+@pytest.mark.slow
+def test_a_few_rl_steps_generate_through_tidal_serve(tmp_path):
+    """`tidal train`'s loop with engine.backend = "remote": every rollout token comes from the
+    server, each step's weights reach it through /v1/tidal/update_weights."""
+    from tidal.orchestrator.loop import run_rl
+
+    tiny = ["--model.hidden_size", "32", "--model.num_hidden_layers", "1",
+            "--model.num_attention_heads", "2", "--model.num_key_value_heads", "1",
+            "--model.head_dim", "16", "--model.intermediate_size", "64",
+            "--engine.max_new_tokens", "12", "--online.serve.max_tokens", "12"]
+    cfg = load_config(None, tiny)
+    save_pretrained(build_model(cfg.model, seed=0), tmp_path / "ck")
+    server = ServerProcess(cfg, tmp_path / "serve", tmp_path / "ck",
+                           ["--online.learner.enabled", "false"])
+    url = server.start()
+    try:
+        train = load_config(None, [
+            *tiny, "--orchestrator.tasks_per_step", "4", "--orchestrator.group_size", "2",
+            "--orchestrator.heldout_tasks", "4", "--orchestrator.eval_every", "0",
+            "--orchestrator.checkpoint_every", "0", "--orchestrator.backend", "local",
+            "--orchestrator.steps", "3", "--orchestrator.max_staleness", "1",
+            "--env.sandbox.concurrency", "2", "--engine.backend", "remote",
+            "--engine.remote.url", url])
+        summary = run_rl(train, tmp_path / "run", tmp_path / "ck", progress=False)
+        assert summary.steps == 3 and summary.trajectories == 3 * 4 * 2
+        status = json.loads(urllib.request.urlopen(f"{url}/v1/tidal/status", timeout=30).read())
+        assert status["live"] >= 1  # the server serves what the run published
+    finally:
+        server.stop()
