@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import urllib.request
 import threading
+import urllib.request
 
 import pytest
 import torch
@@ -162,8 +162,13 @@ class Silent:
         async def hang(_):
             await asyncio.sleep(3600)
 
+        async def update(request):
+            body = await request.json()
+            return web.json_response({"version": body["version"], "manifest_sha256": "0" * 64})
+
         app = web.Application()
-        app.add_routes([web.get("/v1/models", models), web.post("/v1/completions", hang)])
+        app.add_routes([web.get("/v1/models", models), web.post("/v1/completions", hang),
+                        web.post("/v1/tidal/update_weights", update)])
         self.loop = asyncio.new_event_loop()
         self.port = free_port()
         runner = web.AppRunner(app)
@@ -183,6 +188,31 @@ def test_a_silent_server_fails_the_request_after_the_timeout_and_retries():
                 remote.step()
     finally:
         remote.close()
+
+
+def test_a_worker_whose_server_stops_answering_raises_from_its_rollout(tmp_path):
+    """What the orchestrator sees as a dead worker (scheduler.fail: replaced, assignment re-run)."""
+    from tidal.orchestrator.weights import FilesystemWeightStore
+    from tidal.orchestrator.worker import Assignment, RolloutWorker
+
+    silent = Silent()
+    cfg = load_config(None, [
+        "--model.hidden_size", "32", "--model.num_hidden_layers", "1",
+        "--model.num_attention_heads", "2", "--model.num_key_value_heads", "1",
+        "--model.head_dim", "16", "--model.intermediate_size", "64", "--sync.transport",
+        "filesystem", "--engine.backend", "remote", "--engine.remote.url",
+        f"http://127.0.0.1:{silent.port}", "--engine.remote.request_timeout_s", "0.3",
+        "--engine.remote.retries", "1", "--engine.remote.retry_backoff_s", "0.05"])
+    model = build_model(cfg.model, seed=0)
+    save_pretrained(model, tmp_path / "ck")
+    store = FilesystemWeightStore(tmp_path / "weights")
+    store.publish(model, 0)
+    worker = RolloutWorker(cfg, str(tmp_path / "ck"), store.address, 0)
+    assert worker.engine.needs_local_weights is False
+    tasks = worker.env.sample_tasks(1, 0, False)
+    with pytest.raises(RemoteEngineError, match="no answer within 0.3 s"):
+        worker.rollout(Assignment(0, 0, tasks, [0], min_version=0))
+    assert worker.engine.version == 0  # the reload reached the server before generation
 
 
 def test_router_replay_required_without_expert_ids_is_a_config_error_at_start():

@@ -32,11 +32,12 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 if str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
 
-from tidal.model.config import ModelConfig  # noqa: E402
+from tidal.model.config import ModelConfig
 
-MODEL = dict(vocab_size=512, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
-             num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-             num_experts=8, num_experts_per_tok=2, max_position_embeddings=512)
+MODEL = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 512,
+         "moe_intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 64, "num_experts": 8, "num_experts_per_tok": 2,
+         "max_position_embeddings": 512}
 """A small Qwen3-MoE (every layer sparse, 8 experts, top-2)."""
 PROMPTS = 16
 PROMPT_LEN = 24

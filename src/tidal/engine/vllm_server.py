@@ -17,6 +17,7 @@ here imports it.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
@@ -91,9 +92,10 @@ class VllmServer:
         return cls(command, remote.url.rstrip("/") + "/health", log, remote.startup_timeout_s,
                    remote.max_restarts)
 
-    def start(self) -> "VllmServer":
+    def start(self) -> VllmServer:
         """Start the process, wait until healthy, then supervise it from a thread."""
         self._launch()
+        atexit.register(self.stop)  # its own session: it would outlive this process otherwise
         self._watch = threading.Thread(target=self._supervise, daemon=True, name="tidal-vllm-watch")
         self._watch.start()
         return self

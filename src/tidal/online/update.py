@@ -72,11 +72,11 @@ class WeightUpdater:
             # the model shares the puller's arrays, which the next pull changes in place
             model = copy.deepcopy(source.load(version, self.dtype))
             return model.eval(), weights_digest(source.puller.manifest)
+        import torch
+
         from tidal.model.checkpoint import to_hf_state_dict
         from tidal.orchestrator.weights import FilesystemWeightStore
         from tidal.sync.tensors import bits_of
-
-        import torch
 
         model = FilesystemWeightStore(weights).load(version, getattr(torch, self.dtype)).eval()
         bits = [bits_of(k, v) for k, v in to_hf_state_dict(model).items()]

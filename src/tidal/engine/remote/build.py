@@ -36,33 +36,40 @@ def remote_engine(cfg, init_checkpoint: str, weights_address: str) -> RemoteEngi
     """The worker's engine for engine.backend = "remote": the served model's config and
     tokenizer from ``init_checkpoint`` (no weights are loaded here), the run's weight transport
     at ``weights_address`` for the server to pull from, the staleness bound of the run."""
+    from tidal.model import load_tokenizer
     from tidal.model.checkpoint import config_from_hf
 
     mcfg = config_from_hf(json.loads((Path(init_checkpoint) / "config.json").read_text()))
-    folder = cfg.engine.remote.weights_dir
+    return build_remote(cfg, mcfg, load_tokenizer(init_checkpoint), weights_address,
+                        init_checkpoint)
+
+
+def build_remote(cfg, model_config, tokenizer, weights_address: str, init_checkpoint=None,
+                 first_model=None) -> RemoteEngine:
+    """A RemoteEngine (and, with engine.remote.launch, the vLLM server it talks to, started on
+    ``init_checkpoint`` or, without one, on ``first_model`` written to weights_dir)."""
+    remote = cfg.engine.remote
     server = None
-    if cfg.engine.remote.launch:
+    if remote.launch:
         from tidal.engine.vllm_server import VllmServer
 
-        if cfg.engine.remote.kind != "vllm":
+        if remote.kind != "vllm":
             raise UserError("engine.remote.launch starts vLLM only: set engine.remote.kind = "
                             "'vllm', or start the server yourself and set launch = false")
-        server = VllmServer.for_config(cfg.engine, init_checkpoint, cfg.model.dtype,
-                                       cfg.run.seed).start()
+        if init_checkpoint is None:
+            write_version(first_model, remote.weights_dir)
+        server = VllmServer.for_config(cfg.engine, init_checkpoint or remote.weights_dir,
+                                       cfg.model.dtype, cfg.run.seed).start()
+    folder = remote.weights_dir
     try:
-        engine = _engine(cfg, init_checkpoint, weights_address, mcfg, folder)
+        engine = RemoteEngine(
+            cfg.engine, tokenizer, model_config, weights=weights_address,
+            transport=cfg.sync.transport, max_lag=cfg.orchestrator.max_staleness,
+            router_replay=cfg.trainer.router_replay,
+            write_folder=(lambda model, _v: write_version(model, folder)) if folder else None)
     except BaseException:
         if server is not None:
             server.stop()
         raise
     engine.supervisor = server
     return engine
-
-
-def _engine(cfg, init_checkpoint, weights_address, mcfg, folder) -> RemoteEngine:
-    from tidal.model import load_tokenizer
-
-    return RemoteEngine(cfg.engine, load_tokenizer(init_checkpoint), mcfg, weights=weights_address,
-                        transport=cfg.sync.transport, max_lag=cfg.orchestrator.max_staleness,
-                        router_replay=cfg.trainer.router_replay,
-                        write_folder=(lambda model, _v: write_version(model, folder)) if folder else None)

@@ -184,7 +184,7 @@ class RemoteEngine:
                                             f"answered GET {path} with HTTP {r.status}: "
                                             f"{(await r.text())[:300]}")
                 return await r.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
             raise RemoteEngineError(
                 f"cannot reach the inference server at {self.url} (engine.remote.url): "
                 f"{type(e).__name__}: {e or 'timed out'}; start it (for kind {self.kind!r}) or "
@@ -218,7 +218,7 @@ class RemoteEngine:
                     raise RemoteEngineError(f"the inference server at {self.url} refused "
                                             f"POST {path} with HTTP {r.status}: {text[:500]}")
                 return json.loads(text) if text.strip() else None
-        except asyncio.TimeoutError:  # before OSError: TimeoutError is one
+        except TimeoutError:  # before OSError: TimeoutError is one
             raise _Retryable(f"no answer within {total_s:g} s") from None
         except (aiohttp.ClientError, OSError) as e:
             raise _Retryable(f"{type(e).__name__}: {e}") from None
