@@ -130,6 +130,7 @@ def test_vllm_and_sglang_replies_map_to_tidals_finish_reasons():
         kinds.check_update("sglang", {"success": False, "message": "bad"})
 
 
+@pytest.mark.slow  # the deterministic engine and trainer forward of a 4-layer MoE
 def test_the_gpu_check_script_parses_and_builds_a_qwen3_moe_folder(tmp_path):
     source = (ROOT / "scripts" / "gpu" / "check_vllm.py").read_text()
     ast.parse(source)
@@ -143,3 +144,10 @@ def test_the_gpu_check_script_parses_and_builds_a_qwen3_moe_folder(tmp_path):
     assert cfg["architectures"] == ["Qwen3MoeForCausalLM"] and cfg["num_experts"] > 1
     model = from_pretrained(folder)
     assert model.config.is_moe
+    # its comparison on the CPU: tidal's deterministic engine against the trainer's forward
+    cfg = check_vllm.config(tmp_path / "served", free_port(), "float32")
+    engine, model = check_vllm.tidal_engine(folder, "float32", cfg)
+    local = engine.generate(check_vllm.requests()[:4])
+    metrics = check_vllm.compare("tidal", local, model)
+    assert metrics["tokens"] == 4 * check_vllm.NEW_TOKENS
+    assert metrics["bitwise_equal_fraction"] == 1.0 and metrics["routing"]["flip_rate"] == 0.0

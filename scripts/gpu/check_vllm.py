@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -137,21 +138,48 @@ def round_(folder: Path, dtype: str, cfg, remote, version: int) -> dict:
     out = {"version": version, "remote_generate_s": remote_s,
            "vllm_versions": sorted({v for r in got for v in r.versions}),
            "vllm_tokens_head": got[0].token_ids[:8]}
-    try:  # each part reports its own failure, so one broken piece still leaves the others
-        engine, model = tidal_engine(folder, dtype, cfg)
-        out["vllm"] = compare("vllm", got, model)
-        local = engine.generate(requests())
-        out["tidal_engine"] = compare("tidal", local, model)
+    made = guarded(out, "tidal_engine_build", lambda: tidal_engine(folder, dtype, cfg))
+    if made is None:
+        return out
+    engine, model = made
+    out["vllm"] = guarded(out, "trainer_vs_vllm", lambda: compare("vllm", got, model))
+    local = guarded(out, "tidal_engine_generate", lambda: engine.generate(requests()))
+    if local is not None:
+        out["tidal_engine"] = guarded(out, "trainer_vs_tidal", lambda: compare("tidal", local, model))
         same = sum(a.token_ids == b.token_ids for a, b in zip(local, got))
         out["greedy_sequences_equal_vllm_vs_tidal"] = f"{same}/{len(got)}"
-    except Exception as e:
-        out["error"] = f"{type(e).__name__}: {e}"
     return out
+
+
+def guarded(report: dict, stage: str, fn):
+    """Run one stage; a failure is recorded under report["errors"] (the JSON is written anyway)."""
+    t = time.perf_counter()
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - a check script reports every failure it meets
+        report.setdefault("errors", []).append({"stage": stage, "error": f"{type(e).__name__}: {e}"})
+        print(f"[{stage}] failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
+    finally:
+        report.setdefault("stage_s", {})[stage] = round(time.perf_counter() - t, 3)
+
+
+def perturbed(init: Path, dtype: str):
+    """The next "version": the initial weights plus small noise."""
+    from tidal.model import from_pretrained
+
+    model = from_pretrained(init, dtype=dtype)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_((torch.randn(p.shape, generator=g) * 0.02).to(p.dtype))
+    return model
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="vllm_check.json")
+    default_out = str(Path(os.environ.get("OUT", ".")) / "vllm_check.json")
+    parser.add_argument("--out", default=default_out)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     parser.add_argument("--port", type=int, default=8011)
     parser.add_argument("--work", default="vllm_check_work")
@@ -159,12 +187,9 @@ def main() -> int:
     from tidal.engine.remote.build import remote_engine
     from tidal.model import from_pretrained
 
-    work = Path(args.work)
-    shutil.rmtree(work, ignore_errors=True)
-    init = build_moe_folder(work / "init", dtype=args.dtype)
-    cfg = config(work / "served", args.port, args.dtype)
-    report: dict = {"model": MODEL, "dtype": args.dtype, "prompts": PROMPTS, "new_tokens": NEW_TOKENS,
-                    "torch": torch.__version__}
+    report: dict = {"model": MODEL, "dtype": args.dtype, "prompts": PROMPTS,
+                    "new_tokens": NEW_TOKENS, "torch": torch.__version__,
+                    "cuda": torch.cuda.is_available()}
     try:
         import vllm
 
@@ -172,31 +197,40 @@ def main() -> int:
     except ImportError:
         print("vllm is not installed: pip install -e .[vllm]", file=sys.stderr)
         return 2
-    t = time.perf_counter()
-    remote = remote_engine(cfg, str(init), "")
-    report["launch_s"] = time.perf_counter() - t
-    remote.tokenizer = _Tok()
-    try:
-        remote.load_weights(from_pretrained(init, dtype=args.dtype), 0)
-        report["rounds"] = [round_(work / "served", args.dtype, cfg, remote, 0)]
-        newer = from_pretrained(init, dtype=args.dtype)
-        with torch.no_grad():
-            g = torch.Generator().manual_seed(2)
-            for p in newer.parameters():
-                p.add_(torch.randn(p.shape, generator=g).to(p.dtype) * 0.02)
-        t = time.perf_counter()
-        remote.load_weights(newer, 1)
-        report["update_s"] = time.perf_counter() - t
-        report["rounds"].append(round_(work / "served", args.dtype, cfg, remote, 1))
-        report["update_changed_tokens"] = (report["rounds"][0]["vllm_tokens_head"]
-                                           != report["rounds"][1]["vllm_tokens_head"])
-        report["restarts"] = remote.supervisor.restarts
-    finally:
-        remote.close()
+    work = Path(args.work)
+    shutil.rmtree(work, ignore_errors=True)
+    init = build_moe_folder(work / "init", dtype=args.dtype)
+    served = work / "served"
+    cfg = config(served, args.port, args.dtype)
+    # launching vLLM through tidal's supervisor: start, GET /health, the engine's probe
+    remote = guarded(report, "launch", lambda: remote_engine(cfg, str(init), ""))
+    if remote is not None:
+        remote.tokenizer = _Tok()
+        try:
+            rounds = report["rounds"] = []
+            if guarded(report, "load_v0", lambda: remote.load_weights(
+                    from_pretrained(init, dtype=args.dtype), 0) or True):
+                rounds.append(guarded(report, "round_v0",
+                                      lambda: round_(served, args.dtype, cfg, remote, 0)))
+            if guarded(report, "update_v1", lambda: remote.load_weights(
+                    perturbed(init, args.dtype), 1) or True):
+                rounds.append(guarded(report, "round_v1",
+                                      lambda: round_(served, args.dtype, cfg, remote, 1)))
+            if len(rounds) == 2 and all(rounds):
+                report["update_changed_tokens"] = (rounds[0]["vllm_tokens_head"]
+                                                   != rounds[1]["vllm_tokens_head"])
+            report["restarts"] = remote.supervisor.restarts
+        finally:
+            remote.close()
+    report["ok"] = "errors" not in report
     text = json.dumps(report, indent=2)
     print(text)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text + "\n")
-    return 0
+    log = served.parent / f"vllm-{args.port}.log"
+    if log.is_file():  # the server's own output, next to the JSON
+        shutil.copy2(log, Path(args.out).with_suffix(".vllm.log"))
+    return 0 if report["ok"] else 1
 
 
 if __name__ == "__main__":
