@@ -17,7 +17,7 @@ import torch
 from aiohttp import web
 
 from tidal.bench.online_server import ServerProcess, free_port
-from tidal.config import load_config
+from tidal.config import ConfigError, load_config
 from tidal.engine import Engine, EngineConfig, GenerationRequest
 from tidal.engine.remote import RemoteEngine, RemoteEngineError, StaleReply
 from tidal.engine.remote.kinds import Reply
@@ -219,6 +219,10 @@ def test_router_replay_required_without_expert_ids_is_a_config_error_at_start():
     cfg = remote_cfg("http://127.0.0.1:9", kind="vllm", weights_dir="/tmp/x")
     with pytest.raises(UserError, match="router_replay = 'if_available'"):
         RemoteEngine(cfg, ByteTokenizer(), preset("tiny-moe"), router_replay="required")
+    with pytest.raises(ConfigError, match="router_replay = 'if_available'"):  # the recipe itself
+        load_config(None, ["--model.num_experts", "8", "--engine.backend", "remote",
+                           "--engine.remote.url", "http://127.0.0.1:9", "--engine.remote.kind",
+                           "sglang", "--engine.remote.weights_dir", "/tmp/x"])
 
 
 @pytest.mark.slow  # a tidal serve child process

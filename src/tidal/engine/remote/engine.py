@@ -81,7 +81,11 @@ class RemoteEngine:
                                         name="tidal-remote-engine")
         self._thread.start()
         self._session = self._call(self._open())
-        self.probe()
+        try:
+            self.probe()
+        except BaseException:
+            self.close()
+            raise
 
     # ---------------------------------------------------------------- the Engine interface
 
