@@ -169,12 +169,7 @@ class Silent:
         app = web.Application()
         app.add_routes([web.get("/v1/models", models), web.post("/v1/completions", hang),
                         web.post("/v1/tidal/update_weights", update)])
-        self.loop = asyncio.new_event_loop()
-        self.port = free_port()
-        runner = web.AppRunner(app)
-        self.loop.run_until_complete(runner.setup())
-        self.loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
-        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        self.port = _serve(app)
 
 
 def test_a_silent_server_fails_the_request_after_the_timeout_and_retries():
@@ -215,6 +210,58 @@ def test_a_worker_whose_server_stops_answering_raises_from_its_rollout(tmp_path)
     assert worker.engine.version == 0  # the reload reached the server before generation
 
 
+def test_an_sglang_server_reloads_from_the_folder_and_its_replies_are_read(tmp_path):
+    calls = []
+
+    async def info(_):
+        return web.json_response({"model_path": "x", "weight_version": "0"})
+
+    async def generate(request):
+        body = await request.json()
+        calls.append(("generate", body))
+        n = body["sampling_params"]["max_new_tokens"]
+        rows = [[-0.5, 10 + i, None] for i in range(n)]
+        return web.json_response({"text": "", "meta_info": {
+            "output_token_logprobs": rows, "finish_reason": {"type": "length", "length": n},
+            "weight_version": calls[-2][1]["weight_version"] if len(calls) > 1 else "0"}})
+
+    async def update(request):
+        calls.append(("update", await request.json()))
+        return web.json_response({"success": True, "message": "ok"})
+
+    app = web.Application()
+    app.add_routes([web.get("/get_model_info", info), web.post("/generate", generate),
+                    web.post("/update_weights_from_disk", update)])
+    server = _serve(app)
+    written = []
+    cfg = remote_cfg(f"http://127.0.0.1:{server}", kind="sglang", weights_dir=str(tmp_path / "w"))
+    remote = RemoteEngine(cfg, ByteTokenizer(), preset("tiny"),
+                          write_folder=lambda m, v: written.append(v))
+    try:
+        remote.load_weights(object(), 3)
+        got = remote.generate([GenerationRequest([1, 2], max_new_tokens=4, temperature=0.0)])[0]
+    finally:
+        remote.close()
+    assert written == [3] and calls[0] == ("update", {"model_path": str(tmp_path / "w"),
+                                                      "weight_version": "3"})
+    params = calls[1][1]["sampling_params"]
+    assert calls[1][1]["input_ids"] == [1, 2] and params["max_new_tokens"] == 4
+    assert params["no_stop_trim"] is True and params["stop"] == ["\n\n"]  # the engine default
+    assert got.token_ids == [10, 11, 12, 13] and got.logprobs == [-0.5] * 4
+    assert got.versions == [3] * 4 and got.finish_reason == "length"
+
+
+def _serve(app) -> int:
+    """Serve an aiohttp app from a thread; returns its port."""
+    loop = asyncio.new_event_loop()
+    port = free_port()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    return port
+
+
 def test_router_replay_required_without_expert_ids_is_a_config_error_at_start():
     cfg = remote_cfg("http://127.0.0.1:9", kind="vllm", weights_dir="/tmp/x")
     with pytest.raises(UserError, match="router_replay = 'if_available'"):
@@ -223,6 +270,30 @@ def test_router_replay_required_without_expert_ids_is_a_config_error_at_start():
         load_config(None, ["--model.num_experts", "8", "--engine.backend", "remote",
                            "--engine.remote.url", "http://127.0.0.1:9", "--engine.remote.kind",
                            "sglang", "--engine.remote.weights_dir", "/tmp/x"])
+
+
+@pytest.mark.slow  # a tidal serve child process
+def test_a_version_from_a_weights_folder_is_served_with_its_tensors_digest(served, tmp_path):
+    from tidal.model.checkpoint import to_hf_state_dict
+    from tidal.online.weights import tensors_digest
+    from tidal.orchestrator.weights import FilesystemWeightStore
+    from tidal.sync.tensors import bits_of
+
+    _, url, model, _ = served
+    store = FilesystemWeightStore(tmp_path / "weights")
+    newer = build_model(preset("tiny-moe"), seed=5)
+    store.publish(newer, 7)
+    remote = RemoteEngine(remote_cfg(url), ByteTokenizer(), model.config, weights=store.address,
+                          transport="filesystem", max_lag=0)
+    try:
+        remote.load_weights(None, 7)
+        got = remote.generate(requests(0.0))
+    finally:
+        remote.close()
+    assert all(v == 7 for r in got for v in r.versions)
+    assert_same(builtin(newer).generate(requests(0.0)), got)
+    want = tensors_digest([bits_of(k, v) for k, v in to_hf_state_dict(newer).items()])
+    assert remote._digests[7] == want
 
 
 @pytest.mark.slow  # a tidal serve child process
