@@ -116,12 +116,15 @@ def build_server(cfg, run_dir: str | Path, checkpoint: str | Path | None = None,
         loader.close()
         errors = "; ".join(e["message"] for e in policy.errors) or "unknown reason"
         raise UserError(f"no version could be served: {errors}")
+    from tidal.online.update import WeightUpdater
+
     writer = GroupCommitter(store, online.store, online.learner.max_backlog)
-    app = create_app(online, policy, writer, writer, registry.live_versions)
+    updater = WeightUpdater(policy, registry, cfg.model.dtype, cfg.sync)
+    app = create_app(online, policy, writer, writer, registry.live_versions, updater)
     return ServerParts(cfg, run_dir, app, policy, writer, registry.live_versions, policy.live,
                        policy.sha_of(policy.live), host or online.serve.host,
                        online.serve.port if port is None else port,
-                       [writer.close, loader.close, store.close])
+                       [writer.close, updater.close, loader.close, store.close])
 
 
 LEARNER_RESTARTS = 5

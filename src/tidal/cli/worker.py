@@ -65,7 +65,13 @@ class RemoteRolloutWorker(RolloutWorker):
         self.store = MultiSource(weight_urls, cfg.sync)
         version = self._first_version()
         model = copy.deepcopy(self.store.load(version, self.dtype))  # the puller's arrays change later
-        self.engine = Engine(model, load_tokenizer(tokenizer_dir), cfg.engine, version=version)
+        if cfg.engine.backend == "remote":  # an OpenAI-compatible server generates (docs/scale.md)
+            from tidal.engine.remote.build import build_remote
+
+            self.engine = build_remote(cfg, model.config, load_tokenizer(tokenizer_dir),
+                                       weight_urls[0], first_model=model)
+        else:
+            self.engine = Engine(model, load_tokenizer(tokenizer_dir), cfg.engine, version=version)
         self.env = from_config(cfg.env, Sandbox(cfg.env.sandbox))
         self.in_flight_updates = cfg.orchestrator.in_flight_updates
 

@@ -64,6 +64,13 @@ class TidalConfig(Section):
                 f"harness.context_window ({self.harness.context_window}) exceeds "
                 f"engine.max_seq_len ({self.engine.max_seq_len})"
             )
+        remote = self.engine.remote
+        if (self.engine.backend == "remote" and remote.kind != "tidal" and self.model.is_moe
+                and self.trainer.router_replay == "required"):
+            raise ValueError(
+                f"trainer.router_replay = 'required' needs the experts of every token, which a "
+                f"{remote.kind} server (engine.remote.kind) does not report; set "
+                "trainer.router_replay = 'if_available' (or 'off'), or engine.remote.kind = 'tidal'")
         return self
 
     def dtype_choices(self) -> dict[str, dict[str, str]]:

@@ -7,7 +7,65 @@ from pydantic import Field, model_validator
 from tidal.section import Section
 
 
+class RemoteConfig(Section):
+    """Where a rollout worker generates when ``engine.backend = "remote"`` (docs/scale.md,
+    "Remote inference")."""
+
+    url: str = ""
+    """Base URL of the OpenAI-compatible server, e.g. "http://10.0.0.5:8000" (no trailing /v1).
+    Required with engine.backend = "remote"."""
+    kind: Literal["tidal", "vllm", "sglang"] = "tidal"
+    """What the server is, which decides how tokens, logprobs, versions and experts are read and
+    how new weights are loaded: tidal (`tidal serve`: POST /v1/tidal/update_weights, reports
+    version, manifest digest and MoE expert ids), vllm (`vllm serve` in dev mode: POST
+    /collective_rpc reload_weights from the folder the pool's puller writes), sglang (POST
+    /update_weights_from_disk; generation through its native /generate)."""
+    model: str = ""
+    """The model name sent with every request; "" = none (the server's only model)."""
+    weights_dir: str = ""
+    """vllm and sglang only: the folder the server loads weights from, into which this worker's
+    sync puller writes each new version (config.json + model.safetensors) before it asks the
+    server to reload. Must be a folder the server can read (its machine, or a shared mount)."""
+    connect_timeout_s: float = Field(10.0, gt=0)
+    """Seconds to open a connection to the server, per attempt."""
+    request_timeout_s: float = Field(300.0, gt=0)
+    """Seconds one generation request may take in all (the server sends nothing before it is
+    done), per attempt. A server that dies mid-request fails the request after at most this."""
+    update_timeout_s: float = Field(600.0, gt=0)
+    """Seconds a weight reload call may take (the server pulls and loads the version)."""
+    retries: int = Field(2, ge=0, le=20)
+    """Extra attempts per request after a connection error, a timeout, a 5xx answer or a
+    response from a version older than the staleness bound; then the worker fails (the
+    orchestrator re-runs its assignment on a fresh worker)."""
+    retry_backoff_s: float = Field(0.5, ge=0)
+    """Seconds before the first retry, doubling with each further one."""
+    max_in_flight: int = Field(64, ge=1)
+    """Requests this worker has open at the server at once; more wait in the worker's queue."""
+    launch: bool = False
+    """kind vllm only: the rollout worker starts `vllm serve` itself on weights_dir at the port
+    of url, health-checks it and starts it again if it dies (tidal.engine.vllm_server); one
+    server per worker. False: the server is started by someone else."""
+    launch_command: list[str] = ["vllm", "serve"]
+    """The program (and its first arguments) that starts the server; tidal appends the model
+    folder and its own flags (vllm_server.vllm_command), then launch_args."""
+    launch_args: list[str] = []
+    """More flags for the launched server, e.g. ["--gpu-memory-utilization", "0.5"]."""
+    startup_timeout_s: float = Field(900.0, gt=0)
+    """Seconds a launched server may take to answer GET /health (loading, compiling)."""
+    max_restarts: int = Field(3, ge=0)
+    """Times a launched server that died is started again before the worker fails."""
+    poll_s: float = Field(0.02, gt=0, le=1.0)
+    """Longest a ``step()`` waits for a finished request before it returns none (the harness
+    then lets episodes advance and calls it again), seconds."""
+
+
 class EngineConfig(Section):
+    backend: Literal["builtin", "remote"] = "builtin"
+    """builtin: rollout workers generate with tidal's own engine (this section's settings);
+    remote: they send prompt token ids to the OpenAI-compatible server of [engine.remote]
+    (tidal serve, vLLM or SGLang). Held-out evaluation always uses the builtin engine."""
+    remote: RemoteConfig = Field(default_factory=RemoteConfig)
+    """The server of engine.backend = "remote"."""
     max_batch_size: int = Field(128, ge=1)
     """Sequences decoded together (KV-cache slots). Requests beyond it wait in a queue."""
     max_seq_len: int = Field(256, ge=8)
@@ -47,6 +105,12 @@ class EngineConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> "EngineConfig":
+        if self.backend == "remote" and not self.remote.url:
+            raise ValueError('engine.backend = "remote" needs engine.remote.url (the server\'s base '
+                             'URL, e.g. "http://127.0.0.1:8000")')
+        if self.backend == "remote" and self.remote.kind != "tidal" and not self.remote.weights_dir:
+            raise ValueError(f"engine.remote.kind = {self.remote.kind!r} needs engine.remote."
+                             "weights_dir: the folder the server reloads weights from")
         if self.max_new_tokens >= self.max_seq_len:
             raise ValueError(
                 f"engine.max_new_tokens ({self.max_new_tokens}) must be below "

@@ -135,6 +135,9 @@ class PolicyServer:
         self.canary_share, self.chat = canary_share, chat
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
+        self.refreshing = threading.Lock()
+        """Held by ``refresh`` and by a weight update (online/update.py), so the registry poll
+        never switches routes between an update's load and its registry write."""
         self._held: dict[int, _Held] = {}
         self._routes: tuple[int | None, int | None, float] = (None, None, 0.0)
         self._refused: dict[int, str] = {}  # version -> the digest refused (not retried)
@@ -209,6 +212,15 @@ class PolicyServer:
         """Serve the registry's live version and canary (if any), loading those not held yet;
         a version that fails verification is refused and logged (see the module docstring).
         Blocking (loads weights): call it from a worker thread, one caller at a time."""
+        with self.refreshing:
+            self._refresh(records)
+
+    def set_live(self, version: int) -> None:
+        """Route all traffic to held ``version`` (a weight update); no canary."""
+        self._held[version]  # KeyError unless held
+        self._set_routes(version, None, self._routes[2])
+
+    def _refresh(self, records: list[VersionRecord]) -> None:
         live = [r for r in records if r.status == "live"]
         canary = [r for r in records if r.status == "canary"]
         if len(live) != 1:

@@ -74,8 +74,13 @@ class RolloutWorker:
         self.cfg = cfg
         self.worker_id = worker_id
         self.dtype = getattr(torch, cfg.model.dtype)
-        model = from_pretrained(init_checkpoint, dtype=self.dtype)
-        self.engine = Engine(model, load_tokenizer(init_checkpoint), cfg.engine, version=0)
+        if cfg.engine.backend == "remote":  # an OpenAI-compatible server generates (docs/scale.md)
+            from tidal.engine.remote.build import remote_engine
+
+            self.engine = remote_engine(cfg, init_checkpoint, weights_root)
+        else:
+            model = from_pretrained(init_checkpoint, dtype=self.dtype)
+            self.engine = Engine(model, load_tokenizer(init_checkpoint), cfg.engine, version=0)
         self.env = from_config(cfg.env, Sandbox(cfg.env.sandbox))
         self.store = open_weight_source(cfg, weights_root)
         self.in_flight_updates = cfg.orchestrator.in_flight_updates
@@ -114,9 +119,10 @@ class RolloutWorker:
         """Load ``version``, or the newest one if it was garbage-collected meanwhile."""
         from tidal.model import CheckpointError
 
+        local = getattr(self.engine, "needs_local_weights", True)  # a tidal server pulls itself
         for attempt in range(5):
             try:
-                model = self.store.load(version, self.dtype)
+                model = self.store.load(version, self.dtype) if local else None
                 break
             except (FileNotFoundError, CheckpointError):
                 if attempt == 4:

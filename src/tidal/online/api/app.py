@@ -4,6 +4,9 @@
     GET  /v1/models, /v1/models/{id}             the served model; its live version and sha
     POST /v1/feedback                            {"response_id", "index", "signal", "value"}
     GET  /v1/tidal/status                        routes, per-version counts and latency, refusals
+    POST /v1/tidal/update_weights                {"version", "weights", "transport"}: load a
+                                                 training run's version and serve it live
+                                                 (rollout workers; online/update.py)
 
 Bodies are read by hand (at most the size limit, counted while reading), then validated by the
 strict pydantic models of schemas.py, so every client mistake is one OpenAI-style 4xx body
@@ -32,17 +35,24 @@ from tidal.online.api.errors import (
     from_validation,
     retry_header,
 )
-from tidal.online.api.schemas import ChatRequest, CompletionRequest, FeedbackRequest
+from tidal.online.api.schemas import (
+    ChatRequest,
+    CompletionRequest,
+    FeedbackRequest,
+    UpdateWeightsRequest,
+)
 from tidal.online.config import OnlineConfig
 from tidal.online.records import FeedbackEvent
 from tidal.online.serving import NotServing, PromptError, Sampling
 
 
-def create_app(cfg: OnlineConfig, policy, recorder, feedback, live_versions=None) -> FastAPI:
+def create_app(cfg: OnlineConfig, policy, recorder, feedback, live_versions=None,
+               updater=None) -> FastAPI:
     """The API over ``policy`` (a PolicyServer); ``recorder.record(list[ServedResponse])`` and
     ``feedback.submit(FeedbackEvent)`` / ``feedback.retry_after()`` are the store's. With
     ``live_versions`` (-> the registry's VersionRecords), the app polls it every
-    ``cfg.serve.poll_s`` and serves what it lists (PolicyServer.refresh)."""
+    ``cfg.serve.poll_s`` and serves what it lists (PolicyServer.refresh). ``updater``: a
+    tidal.online.update.WeightUpdater behind POST /v1/tidal/update_weights (None: 404)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -60,13 +70,15 @@ def create_app(cfg: OnlineConfig, policy, recorder, feedback, live_versions=None
             policy.stop()
 
     app = FastAPI(title="tidal", lifespan=lifespan, docs_url=None, redoc_url=None)
-    api = _Api(cfg, policy, recorder, feedback)
+    api = _Api(cfg, policy, recorder, feedback, updater)
     app.add_api_route("/v1/models", api.models, methods=["GET"])
     app.add_api_route("/v1/models/{model_id}", api.model, methods=["GET"])
     app.add_api_route("/v1/completions", api.completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", api.chat, methods=["POST"])
     app.add_api_route("/v1/feedback", api.feedback, methods=["POST"])
     app.add_api_route("/v1/tidal/status", api.status, methods=["GET"])
+    if updater is not None:
+        app.add_api_route("/v1/tidal/update_weights", api.update_weights, methods=["POST"])
     _handlers(app)
     app.state.api = api
     return app
@@ -124,8 +136,9 @@ def parse(model: type[BaseModel], body: bytes):
 class _Api:
     """The route handlers (one instance per app)."""
 
-    def __init__(self, cfg: OnlineConfig, policy, recorder, feedback):
+    def __init__(self, cfg: OnlineConfig, policy, recorder, feedback, updater=None):
         self.cfg, self.policy, self.recorder, self.feedback_sink = cfg, policy, recorder, feedback
+        self.updater = updater
         self.tokenizer = policy.tokenizer
         self.template: ChatTemplate = policy.chat or ChatTemplate()
 
@@ -150,6 +163,21 @@ class _Api:
     async def status(self):
         return self.policy.status()
 
+    async def update_weights(self, request: Request):
+        req = parse(UpdateWeightsRequest, await read_body(request, self.cfg.serve.max_body_bytes))
+        from tidal.online.update import UpdateConflict
+
+        try:
+            version, sha = await asyncio.to_thread(self.updater.update, req.version, req.weights,
+                                                   req.transport)
+        except UpdateConflict as e:
+            raise ApiError(409, str(e), param="version", code="version_conflict") from None
+        except Exception as e:  # the weights could not be fetched or verified: the old keep serving
+            raise ApiError(502, f"loading version {req.version} from {req.weights} failed: "
+                                f"{type(e).__name__}: {e}", "server_error",
+                           code="update_failed") from None
+        return {"version": version, "manifest_sha256": sha}
+
     def _unknown_model(self, name: str) -> ApiError:
         return ApiError(404, f"model {name!r} does not exist; this server serves "
                              f"{self.cfg.serve.model_name!r}", param="model", code="model_not_found")
@@ -158,6 +186,12 @@ class _Api:
 
     async def completions(self, request: Request):
         req = parse(CompletionRequest, await read_body(request, self.cfg.serve.max_body_bytes))
+        if req.return_token_ids and (req.stream or req.n != 1):
+            raise ApiError(400, "return_token_ids needs stream: false and n: 1",
+                           param="return_token_ids")
+        if req.tidal_return_experts and not req.return_token_ids:
+            raise ApiError(400, "tidal_return_experts needs return_token_ids: true",
+                           param="tidal_return_experts")
         if isinstance(req.prompt, str):
             # BOS first, as the harness encodes every environment prompt (tidal's models are
             # trained that way); a token-list prompt is used exactly as given.
@@ -284,10 +318,22 @@ class _Call:
                 choices.append({"index": i, "message": {"role": "assistant", "content": text},
                                 "logprobs": lp, "finish_reason": finish})
             else:
-                choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": finish})
+                choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": finish,
+                                **self._token_fields(r)})
         obj = "chat.completion" if self.chat else "text_completion"
         return {**self._envelope(obj), "choices": choices,
                 "usage": render.usage(results[0].prompt_ids, results)}
+
+    def _token_fields(self, r) -> dict:
+        """return_token_ids: every sampled token and what a rollout worker records of it."""
+        if not getattr(self.req, "return_token_ids", False):
+            return {}
+        out = {"prompt_token_ids": r.prompt_ids, "token_ids": r.token_ids,
+               "tidal_logprobs": r.logprobs, "tidal_versions": r.versions,
+               "tidal_finish_reason": r.finish_reason}
+        if self.req.tidal_return_experts:
+            out |= {"tidal_experts": r.experts, "tidal_prompt_experts": r.prompt_experts}
+        return out
 
     async def _record_or_503(self, results, texts) -> None:
         try:

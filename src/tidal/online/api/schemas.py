@@ -19,8 +19,9 @@ from tidal.online.records import SIGNALS
 
 MAX_STOP = 4
 """Stop strings per request (OpenAI's limit)."""
-MAX_SEED = 2**62
-"""Seeds are in [0, MAX_SEED): choice i of a request samples with seed + i."""
+MAX_SEED = 2**63
+"""Seeds are in [0, MAX_SEED) (the harness derives 63-bit seeds: tidal.harness.seeds): choice i
+of a request samples with seed + i."""
 
 NonEmpty = Annotated[str, Field(min_length=1, max_length=256)]
 
@@ -75,6 +76,26 @@ class CompletionRequest(Sampled):
     logprobs: int | None = Field(None, ge=0, le=5)
     """Return per-token logprobs; top_logprobs holds the sampled token (the engine keeps no
     other alternatives)."""
+    return_token_ids: bool = False
+    """vLLM's extension: each choice also carries ``prompt_token_ids`` and ``token_ids`` (every
+    sampled token, the eos or stop-string tokens included), and tidal's own per-token fields
+    for a rollout worker (tidal.engine.remote): ``tidal_logprobs`` (the sampling logprob of
+    every token id), ``tidal_versions``, ``tidal_finish_reason`` (eos | stop | length)."""
+    tidal_return_experts: bool = False
+    """MoE: with return_token_ids, each choice also carries ``tidal_experts`` and
+    ``tidal_prompt_experts`` (tidal.engine.request.GenerationResult: the experts the router
+    chose), so the trainer can replay the routing; null for a dense model."""
+
+
+class UpdateWeightsRequest(Body):
+    """POST /v1/tidal/update_weights: load ``version`` from a training run's weight transport and
+    serve it live (a rollout worker's reload call, tidal.engine.remote)."""
+
+    version: int = Field(ge=0)
+    weights: NonEmpty
+    """Where the version is: the run's weight origin URL (transport "http", pulled as a delta
+    against the version held, every tensor verified) or its weights folder ("filesystem")."""
+    transport: Literal["http", "filesystem"] = "http"
 
 
 class TextPart(Body):
