@@ -45,6 +45,11 @@ def fleet_cfg(tmp_path, pools=("far",), *extra, **fleet):
     return load_config(fleet_toml(tmp_path / "fleet.toml", list(pools), **fleet), [*TINY, *extra])
 
 
+HANG_S = 600.0
+"""How long the waits below give a run before calling it hung: they catch a hang, not slowness
+(with other work on this 2-core machine a child `tidal train` took over 60 s to start)."""
+
+
 @pytest.fixture(autouse=True)
 def _token(monkeypatch):
     monkeypatch.setenv("TIDAL_FLEET_TOKEN", TOKEN)
@@ -64,10 +69,10 @@ class Trainer:
         except BaseException as e:  # noqa: BLE001 - re-raised by finish()
             self.error = e
 
-    def url(self, timeout_s=60.0) -> str:
+    def url(self, timeout_s=HANG_S) -> str:
         return wait_url(self.run_dir, timeout_s)
 
-    def finish(self, timeout_s=120.0):
+    def finish(self, timeout_s=HANG_S):
         self.thread.join(timeout_s)
         if self.error is not None:
             raise self.error
@@ -75,7 +80,7 @@ class Trainer:
         return self.summary
 
 
-def wait_url(run_dir: Path, timeout_s=60.0) -> str:
+def wait_url(run_dir: Path, timeout_s=HANG_S) -> str:
     deadline = time.time() + timeout_s
     while not (run_dir / "fleet_url").is_file():
         assert time.time() < deadline, "the coordinator never wrote fleet_url"
@@ -83,7 +88,7 @@ def wait_url(run_dir: Path, timeout_s=60.0) -> str:
     return (run_dir / "fleet_url").read_text().strip()
 
 
-def wait_step(run_dir: Path, step: int, trainer=None, timeout_s=90.0) -> None:
+def wait_step(run_dir: Path, step: int, trainer=None, timeout_s=HANG_S) -> None:
     deadline = time.time() + timeout_s
     while not any(r["step"] >= step for r in records_if_any(run_dir, "step")):
         assert time.time() < deadline, f"step {step} never trained"
