@@ -110,7 +110,6 @@ def follow(spec: Spec, group: Group) -> None:
 
 
 def _spawned(index: int, world: int, port: int, spec: Spec) -> None:
-    import faulthandler; faulthandler.dump_traceback_later(280, exit=True)  # DEBUG
     sharding = spec.trainer.sharding
     group = init_group(index + 1, world, "127.0.0.1", port, sharding.backend, sharding.timeout_s)
     follow(spec, group)
