@@ -97,6 +97,8 @@ def save_sharded(trainer, path: str | Path, extra: dict | None = None,
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
         staging.mkdir()
+        if mirror is not None:  # first: save_pretrained writes its folder whole
+            save_pretrained(mirror, staging / path.name)
         box = [str(staging)]
     dist.broadcast_object_list(box, src=0)
     staging = Path(box[0])
@@ -108,8 +110,6 @@ def save_sharded(trainer, path: str | Path, extra: dict | None = None,
         try:
             torch.save({"trainer": {"version": trainer.version, "world_size": dist.get_world_size()},
                         "extra": extra or {}}, inner / TRAINER_STATE)
-            if mirror is not None:
-                save_pretrained(mirror, inner)
             _fsync_tree(inner)
             replace_dir(inner, path)
             _write_marker(path, trainer.version)

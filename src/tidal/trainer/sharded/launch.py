@@ -90,7 +90,37 @@ def run(trainer: ShardedTrainer, command: tuple, mirror: CausalLM | None):
         extra = load_sharded(trainer, args[0])
         gather_into(trainer.model, mirror)
         return extra
+    if kind == "memory":
+        return gather_memory(trainer)
     raise ValueError(f"unknown sharded-trainer command {kind!r}")
+
+
+def local_state_bytes(trainer: Trainer) -> int:
+    """Bytes this process stores of parameters and optimizer state (local shards: exact)."""
+    def local(t):
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    tensors = [local(p) for p in trainer.masters]
+    if trainer.separate_masters:
+        tensors += [local(p) for p in trainer.params]
+    tensors += [local(v) for st in trainer.optimizer.state.values() for v in st.values()
+                if torch.is_tensor(v) and v.dim() > 0]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (Linux ru_maxrss is in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def gather_memory(trainer: Trainer) -> list[dict]:
+    """Collective: each rank's {"state_bytes", "peak_rss_bytes"}, rank 0 first."""
+    mine = {"state_bytes": local_state_bytes(trainer), "peak_rss_bytes": peak_rss_bytes()}
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, mine)
+    return out
 
 
 def follow(spec: Spec, group: Group) -> None:
@@ -109,7 +139,8 @@ def follow(spec: Spec, group: Group) -> None:
     close_group()
 
 
-def _spawned(index: int, world: int, port: int, spec: Spec) -> None:
+def _spawned(index: int, world: int, port: int, spec: Spec, threads: int) -> None:
+    torch.set_num_threads(threads)  # as many as the driver's rank 0 uses
     sharding = spec.trainer.sharding
     group = init_group(index + 1, world, "127.0.0.1", port, sharding.backend, sharding.timeout_s)
     follow(spec, group)
@@ -132,7 +163,7 @@ class ShardedTrainerHandle:
         if group is None:
             port = free_port()
             n = sharding.processes
-            self.followers = mp.start_processes(_spawned, args=(n, port, spec), nprocs=n - 1,
+            self.followers = mp.start_processes(_spawned, args=(n, port, spec, torch.get_num_threads()), nprocs=n - 1,
                                                 join=False, start_method="spawn")
             group = init_group(0, n, "127.0.0.1", port, sharding.backend, sharding.timeout_s)
         self.group = group
@@ -159,6 +190,10 @@ class ShardedTrainerHandle:
     def gather(self, dest=None) -> None:
         """Full weights into ``dest`` (a module or ``(name, tensor)`` callback), default ``model``."""
         self._send("gather", dest=dest)
+
+    def memory(self) -> list[dict]:
+        """Each rank's parameter + optimizer bytes (its shards) and peak RSS, rank 0 first."""
+        return self._send("memory")
 
     def save(self, path, extra: dict | None = None):
         """A resumable checkpoint (DCP shards + HF folder of ``model``) at ``path``."""
