@@ -134,3 +134,22 @@ def test_activation_checkpointing_needs_the_module_forward():
 
     with pytest.raises(UserError, match="numerics"):
         shard_model(tiny_model(), ShardingConfig(activation_checkpointing=True), deterministic=True)
+
+
+@pytest.mark.slow
+def test_tidal_train_runs_and_resumes_with_a_sharded_trainer(tmp_path):
+    """`tidal train`'s loop with trainer.sharding.processes = 2: trains, checkpoints (DCP), resumes."""
+    from test_orchestrator import cfg_with, records
+
+    from tidal.model import build_model, save_pretrained
+    from tidal.orchestrator.loop import run_rl
+
+    sharded = ("--trainer.sharding.processes", "2", "--trainer.sharding.timeout_s", "240")
+    init = tmp_path / "init"
+    save_pretrained(build_model(cfg_with().model, seed=0), init)
+    run_rl(cfg_with("--orchestrator.steps", "1", *sharded), tmp_path / "run", init, progress=False)
+    summary = run_rl(cfg_with("--orchestrator.steps", "2", *sharded), tmp_path / "run", init,
+                     progress=False, resume=True)
+    assert summary.steps == 2
+    assert [s["step"] for s in records(tmp_path / "run", "step")] == [1, 2]
+    assert (tmp_path / "run" / "checkpoints" / "step_000002" / "dcp").is_dir()
