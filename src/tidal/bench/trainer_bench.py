@@ -85,8 +85,8 @@ def run(bench: BenchSection, cfg: TidalConfig, json_path: str | None) -> int:
 
 def make_batch(model, rows: int, tokens: int, noise: float, seed: int):
     """``rows`` single-segment trajectories in groups of 4 with random tokens and rewards."""
-    from tidal.types import Batch, Segment, Trajectory
     from tidal.trainer.grpo import token_logprobs
+    from tidal.types import Batch, Segment, Trajectory
 
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
