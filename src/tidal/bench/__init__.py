@@ -23,6 +23,8 @@ BENCHMARKS = {
                   "reward hacking: planted-suite recall / false positives, trace cost, RL with detection off vs on"),
     "async": ("tidal.bench.async_bench",
               "async vs sync RL on pinned cores: time to a held-out pass@1 target, utilisation, elastic pools, simulator error"),
+    "trainer": ("tidal.bench.trainer_bench",
+                "FSDP2-sharded trainer at 1, 2, 4 processes: per-process memory, step time, loss vs one process"),
     "multiturn": ("tidal.bench.multiturn_bench",
                   "multi-turn rollout time with the engine's prefix cache vs prefilling every turn"),
 }

@@ -166,7 +166,7 @@ class Run:
         from tidal.env import from_config
         from tidal.model import from_pretrained, load_tokenizer
         from tidal.sandbox import Sandbox
-        from tidal.trainer.trainer import Trainer
+        from tidal.trainer.sharded.launch import make_trainer
 
         self.cfg, self.run_dir, self.progress = cfg, run_dir, progress
         self.init_checkpoint = str(init_checkpoint)
@@ -179,8 +179,8 @@ class Run:
         if cfg.run.trainer_threads:
             torch.set_num_threads(cfg.run.trainer_threads)
         policy = from_pretrained(init_checkpoint, dtype=torch.float32)
-        self.trainer = Trainer(policy, cfg.trainer, temperature=cfg.engine.temperature,
-                               numerics=cfg.engine.numerics)
+        self.trainer = make_trainer(policy, cfg.trainer, temperature=cfg.engine.temperature,
+                                    numerics=cfg.engine.numerics)  # processes > 1: FSDP2 handle
         serving = copy.deepcopy(policy).to(getattr(torch, cfg.model.dtype))
         self.eval_engine = Engine(serving, load_tokenizer(init_checkpoint), cfg.engine, version=0)
         self.env = from_config(cfg.env, Sandbox(cfg.env.sandbox))
@@ -215,7 +215,10 @@ class Run:
         )
 
         extra = {"state": self.state.to_checkpoint(), "rng": capture_rng_state(), "final": final}
-        return save_checkpoint(self.trainer, checkpoint_path(self.run_dir, self.state.step), extra)
+        path = checkpoint_path(self.run_dir, self.state.step)
+        if hasattr(self.trainer, "save"):  # the sharded trainer: DCP shards + HF folder
+            return self.trainer.save(path, extra)
+        return save_checkpoint(self.trainer, path, extra)
 
     def restore(self) -> bool:
         """Continue from the run dir's latest complete checkpoint; False if there is none."""
@@ -228,7 +231,7 @@ class Run:
         path = latest_checkpoint(self.run_dir)
         if path is None:
             return False
-        extra = load_checkpoint(path, self.trainer)
+        extra = self.trainer.load(path) if hasattr(self.trainer, "load") else load_checkpoint(path, self.trainer)
         self.state = RunState.from_checkpoint(extra["state"])
         restore_rng_state(extra["rng"])
         self._last_step_wall = self.state.rl_wall_s
@@ -313,6 +316,8 @@ class Run:
             self.store.close()
         after = self.evaluate("after")
         final = self.save(final=True)
+        if hasattr(self.trainer, "close"):  # the sharded trainer's followers stop
+            self.trainer.close()
         self.log.close()
         if self.tb:
             self.tb.close()

@@ -115,8 +115,7 @@ class Trainer:
         units = self._loss_units(tb)
         sums = GradientSums()
         compared = _Comparison()
-        if tb.num_rows > self.cfg.micro_batch_size:
-            tb = by_length(tb)
+        tb = self._rows_to_train(tb)
         for start in range(0, tb.num_rows, self.cfg.micro_batch_size):
             mb = tb.rows(start, start + self.cfg.micro_batch_size).to(self.params[0].device)
             logits, own_experts, used_experts, filled = self._forward(mb)
@@ -127,6 +126,17 @@ class Trainer:
             self._move_grads_to_masters()
             sums.add(loss.item(), st, off, _masked_entropy_sum(logits, mb.loss_mask, self.temperature),
                      filled)
+        return self._gradient_stats(sums, compared)
+
+    def _rows_to_train(self, tb: TrainBatch) -> TrainBatch:
+        """The rows this process trains, in micro-batch order: all of them, longest first when
+        they are cut into several micro-batches (a sharded trainer takes its share here)."""
+        if tb.num_rows > self.cfg.micro_batch_size:
+            return by_length(tb)
+        return tb
+
+    def _gradient_stats(self, sums: GradientSums, compared: _Comparison) -> GradientStats:
+        """The batch's statistics from this process's sums (a sharded trainer reduces them)."""
         return sums.result(compared.mismatch(), compared.routing())
 
     def _loss(self, mb: TrainBatch, new_lp: torch.Tensor,
@@ -147,7 +157,8 @@ class Trainer:
     def clip_gradients(self) -> float:
         """Clip the global gradient norm to cfg.grad_clip; returns the norm before clipping.
         Parameters without a gradient (an expert no token used) are skipped, also by AdamW."""
-        norm = torch.nn.utils.clip_grad_norm_(self.masters, self.cfg.grad_clip).item()
+        norm = torch.nn.utils.clip_grad_norm_(self.masters, self.cfg.grad_clip)
+        norm = (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()  # DTensor: sharded
         if not math.isfinite(norm):
             raise FloatingPointError(
                 f"non-finite gradient norm ({norm}) at trainer version {self.version}; "
