@@ -2,8 +2,9 @@
 
 Every failure to meet is a ``RendezvousError`` within ``timeout_s``: missing environment
 variables at once, an unreachable master after the timeout (the TCP store's connect timeout),
-never a hang. FSDP2 itself needs no divisibility (it pads dim 0 of every parameter); the batch
-split does: ``check_divides``.
+never a hang. Nothing has to divide: FSDP2 pads dim 0 of every parameter, and the batch split
+pads the short ranks with untrained rows (sharded/trainer.py). A torchrun world size other than
+``trainer.sharding.processes`` is a ``WorldSizeError``.
 """
 
 from __future__ import annotations
@@ -94,14 +95,3 @@ def close_group() -> None:
     """Leave the default process group (if this process is in one)."""
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def check_divides(rows: int, world_size: int) -> None:
-    """Every rank trains the same number of rows (so all run the same micro-batches and FSDP's
-    collectives pair up): the batch's rows must be a multiple of the world size."""
-    if rows % world_size:
-        raise WorldSizeError(
-            f"the batch has {rows} rows (one per trained segment), which {world_size} processes "
-            f"cannot split evenly; make the rows per batch a multiple of "
-            f"trainer.sharding.processes (= {world_size}), e.g. via the group size or groups per "
-            "batch, or change trainer.sharding.processes")

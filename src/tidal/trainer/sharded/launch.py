@@ -29,7 +29,6 @@ import torch.multiprocessing as mp
 from tidal.model.config import ModelConfig
 from tidal.model.qwen3 import CausalLM
 from tidal.trainer.config import TrainerConfig
-from tidal.trainer.grpo import collate
 from tidal.trainer.sharded.checkpoint import (
     check_checkpoint,
     gather_into,
@@ -39,7 +38,6 @@ from tidal.trainer.sharded.checkpoint import (
 )
 from tidal.trainer.sharded.group import (
     Group,
-    check_divides,
     close_group,
     env_rendezvous,
     free_port,
@@ -183,8 +181,6 @@ class ShardedTrainerHandle:
 
     def step(self, batch: Batch):
         """One optimizer step over all ranks; ``model`` holds the new weights after it."""
-        rows = collate(batch.trajectories, self.pad_id, self.cfg.normalize_adv_std).num_rows
-        check_divides(rows, self.group.world_size)  # before the followers see it: no hang
         return self._send("step", batch)
 
     def gather(self, dest=None) -> None:

@@ -5,6 +5,9 @@ the statistics. What differs, through Trainer's hooks:
 
 - rows: every rank collates the whole batch (so advantages and the loss's whole-batch units are
   the single-process ones), sorts its rows longest first, and trains rows rank, rank + N, ...;
+  a batch whose rows N does not divide gives the short ranks a copy of a row with its loss mask
+  zeroed (it adds nothing to the loss, the gradient or any statistic), so every rank runs the
+  same micro-batches and FSDP's collectives pair up whatever the rows per step;
 - gradients: FSDP reduce-scatters them summed (divide factor 1), so the sharded gradient is the
   single-process one; clip_grad_norm_ on the DTensor shards computes the global norm;
 - statistics: the per-rank sums are all-reduced (max for ratio_max) and the engine-vs-trainer
@@ -22,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from tidal.trainer.grpo import TrainBatch
-from tidal.trainer.sharded.group import Group, check_divides
+from tidal.trainer.sharded.group import Group
 from tidal.trainer.stats import GradientStats, GradientSums, OffPolicyStats
 from tidal.trainer.trainer import Trainer, _Comparison
 
@@ -38,11 +41,17 @@ class ShardedTrainer(Trainer):
         self.group = group
 
     def _rows_to_train(self, tb: TrainBatch) -> TrainBatch:
-        """This rank's rows: longest first, then every N-th, so ranks get similar lengths."""
+        """This rank's rows: longest first, then every N-th, so ranks get similar lengths; padded
+        to ceil(rows / N) with untrained copies of the shortest row (see the module docs)."""
         n = self.group.world_size
-        check_divides(tb.num_rows, n)
         order = torch.argsort(tb.lengths, descending=True, stable=True)
-        return tb.select(order[self.group.rank::n])
+        mine = order[self.group.rank::n]
+        short = -(-tb.num_rows // n) - len(mine)
+        if short == 0:
+            return tb.select(mine)
+        padded = tb.select(torch.cat([mine, order[-1:].repeat(short)]))
+        padded.loss_mask[len(mine):] = 0
+        return padded
 
     def _forward(self, mb: TrainBatch):
         """Trainer's forward; the model's cached inference weights are dropped around it: they
