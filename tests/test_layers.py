@@ -24,6 +24,8 @@ FORBIDDEN = {
     "online": {"bench", "cli"},
     "telemetry": {"orchestrator", "trainer", "engine", "bench", "cli", "online"},
     "fleet": {"pretrain", "kernels", "online", "bench", "cli"},
+    "parallel": {"engine", "harness", "env", "envs", "trainer", "orchestrator", "pretrain", "bench", "cli",
+                 "online", "fleet", "sync"},
 }
 """Per component folder: the tidal packages it must never import."""
 

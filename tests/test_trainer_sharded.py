@@ -19,9 +19,10 @@ import transformers
 
 from test_trainer import on_policy_batch, tiny_model
 from tidal.model import from_pretrained
-from tidal.trainer.config import ShardingConfig, TrainerConfig
+from tidal.parallel.config import ShardingConfig
+from tidal.trainer.config import TrainerConfig
 from tidal.trainer.sharded.checkpoint import check_checkpoint
-from tidal.trainer.sharded.group import (
+from tidal.parallel.group import (
     RendezvousError,
     WorldSizeError,
     env_rendezvous,
@@ -131,7 +132,7 @@ def test_missing_rendezvous_is_a_clear_error(monkeypatch):
 
 def test_activation_checkpointing_needs_the_module_forward():
     from tidal.errors import UserError
-    from tidal.trainer.sharded.shard import shard_model
+    from tidal.parallel.shard import shard_model
 
     with pytest.raises(UserError, match="numerics"):
         shard_model(tiny_model(), ShardingConfig(activation_checkpointing=True), deterministic=True)

@@ -4,6 +4,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from tidal.parallel.config import ShardingConfig
 from tidal.section import DtypeName, Section
 
 
@@ -45,38 +46,6 @@ class OffPolicyConfig(Section):
                 raise ValueError(f"trainer.off_policy.{low} ({getattr(self, low)}) must be below "
                                  f"trainer.off_policy.{high} ({getattr(self, high)})")
         return self
-
-
-class ShardingConfig(Section):
-    """The trainer's model sharded with PyTorch FSDP2 over ``processes`` processes (docs/scale.md).
-
-    processes = 1 is the in-process Trainer, unchanged. Above 1, rank 0 lives in the driver and
-    the others follow its commands; each rank trains 1/processes of every batch's rows, holds
-    1/processes of the fp32 parameters, gradients and AdamW state, and the summed gradient is
-    the single-process one (up to float reduction order).
-    """
-
-    processes: int = Field(1, ge=1)
-    """Processes (ranks) the model is sharded over, >= 1; every batch's row count must be a
-    multiple of it (1 = no sharding, today's in-process Trainer)."""
-    launcher: Literal["spawn", "torchrun"] = "spawn"
-    """How ranks 1..processes-1 start: spawn = torch.multiprocessing from the driver (one
-    machine); torchrun = already started by ``torchrun --nproc-per-node N``, ranks from its
-    environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
-    backend: Literal["auto", "gloo", "nccl"] = "auto"
-    """torch.distributed backend: auto = nccl where CUDA is available, else gloo."""
-    param_dtype: Literal["float32", "bfloat16"] = "float32"
-    """FSDP mixed precision: the dtype parameters are gathered in for forward/backward (the
-    sharded masters and AdamW state stay fp32)."""
-    reduce_dtype: Literal["float32", "bfloat16"] = "float32"
-    """FSDP mixed precision: the dtype gradients are reduce-scattered in."""
-    activation_checkpointing: bool = False
-    """Recompute each decoder layer's activations in backward instead of keeping them (less
-    memory, about one more forward of time); needs engine.numerics = "fast" (the deterministic
-    forward is one fused function, not per-layer modules)."""
-    timeout_s: float = Field(300.0, gt=0)
-    """Seconds a rendezvous or a collective may wait for the other ranks before failing (a
-    missing rank is an error, never a hang), > 0."""
 
 
 class TrainerConfig(Section):

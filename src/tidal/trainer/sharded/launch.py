@@ -36,14 +36,14 @@ from tidal.trainer.sharded.checkpoint import (
     save_sharded,
     scatter_from,
 )
-from tidal.trainer.sharded.group import (
+from tidal.parallel.group import (
     Group,
     close_group,
     env_rendezvous,
     free_port,
     init_group,
 )
-from tidal.trainer.sharded.shard import shard_model
+from tidal.parallel.shard import shard_model
 from tidal.trainer.sharded.trainer import ShardedTrainer
 from tidal.trainer.trainer import DEFAULT_NUMERICS, Trainer
 from tidal.types import Batch
@@ -228,7 +228,7 @@ def make_trainer(model: CausalLM, cfg: TrainerConfig, temperature: float = 1.0, 
         return ShardedTrainerHandle(model, cfg, temperature, pad_id, numerics)
     env = env_rendezvous()
     if env["world_size"] != sharding.processes:
-        from tidal.trainer.sharded.group import WorldSizeError
+        from tidal.parallel.group import WorldSizeError
 
         raise WorldSizeError(f"torchrun started {env['world_size']} processes but "
                              f"trainer.sharding.processes = {sharding.processes}; make them equal")

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from tidal.trainer.grpo import TrainBatch
-from tidal.trainer.sharded.group import Group
+from tidal.parallel.group import Group
 from tidal.trainer.stats import GradientStats, GradientSums, OffPolicyStats
 from tidal.trainer.trainer import Trainer, _Comparison
 

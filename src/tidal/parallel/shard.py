@@ -21,7 +21,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import checkpoint
 
 from tidal.errors import UserError
-from tidal.trainer.config import ShardingConfig
+from tidal.parallel.config import ShardingConfig
 
 
 def mp_policy(cfg: ShardingConfig) -> MixedPrecisionPolicy:
