@@ -16,12 +16,10 @@ import copy
 import pytest
 import torch
 import transformers
-
 from test_trainer import on_policy_batch, tiny_model
+
 from tidal.model import from_pretrained
 from tidal.parallel.config import ShardingConfig
-from tidal.trainer.config import TrainerConfig
-from tidal.trainer.sharded.checkpoint import check_checkpoint
 from tidal.parallel.group import (
     RendezvousError,
     WorldSizeError,
@@ -29,10 +27,12 @@ from tidal.parallel.group import (
     free_port,
     init_group,
 )
+from tidal.trainer.config import TrainerConfig
+from tidal.trainer.sharded.checkpoint import check_checkpoint
 from tidal.trainer.sharded.launch import ShardedTrainerHandle, make_trainer
 from tidal.trainer.trainer import Trainer
 
-MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
 REL = 1e-5
 
 

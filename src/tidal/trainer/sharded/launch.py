@@ -28,14 +28,7 @@ import torch.multiprocessing as mp
 
 from tidal.model.config import ModelConfig
 from tidal.model.qwen3 import CausalLM
-from tidal.trainer.config import TrainerConfig
-from tidal.trainer.sharded.checkpoint import (
-    check_checkpoint,
-    gather_into,
-    load_sharded,
-    save_sharded,
-    scatter_from,
-)
+from tidal.parallel.gather import gather_into, scatter_from
 from tidal.parallel.group import (
     Group,
     close_group,
@@ -44,6 +37,12 @@ from tidal.parallel.group import (
     init_group,
 )
 from tidal.parallel.shard import shard_model
+from tidal.trainer.config import TrainerConfig
+from tidal.trainer.sharded.checkpoint import (
+    check_checkpoint,
+    load_sharded,
+    save_sharded,
+)
 from tidal.trainer.sharded.trainer import ShardedTrainer
 from tidal.trainer.trainer import DEFAULT_NUMERICS, Trainer
 from tidal.types import Batch
@@ -132,7 +131,7 @@ def follow(spec: Spec, group: Group) -> None:
             break
         try:
             run(trainer, box[0], None)
-        except Exception as e:  # rank 0 raises the same error to its caller; keep following
+        except Exception as e:  # noqa: BLE001 - rank 0 raises the same error to its caller; keep following
             print(f"sharded trainer rank {group.rank}: {type(e).__name__}: {e}", file=sys.stderr)
     close_group()
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from tidal.trainer.grpo import TrainBatch
 from tidal.parallel.group import Group
+from tidal.trainer.grpo import TrainBatch
 from tidal.trainer.stats import GradientStats, GradientSums, OffPolicyStats
 from tidal.trainer.trainer import Trainer, _Comparison
 
