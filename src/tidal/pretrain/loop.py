@@ -58,6 +58,13 @@ def pretrain(cfg, out_dir: str | Path, docs: list[str] | None = None, progress: 
     ``rows``: (ids [N, seq_len] long, loss_mask [N, seq_len] float, 1 = train on predicting
     this token) instead of packed documents."""
     strict = mkl_cnr.enable_strict()  # first: MKL fixes its mode at its first call
+    if cfg.trainer.sharding.processes > 1:
+        from tidal.pretrain.sharded import pretrain_sharded
+
+        if rows is not None:
+            raise ValueError("sharded mid-training packs documents; demonstration rows need "
+                             "trainer.sharding.processes = 1")
+        return pretrain_sharded(cfg, Path(out_dir), docs, progress)
     with torch_threads(cfg.run.pretrain_threads):
         return _pretrain(cfg, Path(out_dir), docs, progress, rows, thread_invariant=strict)
 
@@ -95,8 +102,11 @@ def _set_environ(values: dict[str, str | None]) -> None:
 
 
 def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool, rows,
-              thread_invariant: bool) -> Path:
+              thread_invariant: bool, group=None) -> Path:
+    """The loop; with ``group`` (a tidal.parallel Group) this process is one rank of the
+    sharded run (sharded.py): its slice of each batch, the clock and the loss agreed by all."""
     pc: PretrainConfig = cfg.pretrain
+    lead = group is None or group.rank == 0
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(cfg.model.init_from)
     if rows is None:
@@ -104,42 +114,71 @@ def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool, rows,
         rows = (packed, torch.ones(packed.shape))
     ids, mask = rows
     model = initial_model(cfg)
+    if group is not None:
+        from tidal.parallel.shard import shard_model
+
+        shard_model(model, cfg.trainer.sharding)
     optimizer = make_optimizer(model, pc)
     batches = shuffled_batches(torch.arange(len(ids)), pc.batch_size, cfg.run.seed)
     tokens = 0  # predicted positions run so far (rows x (width - 1))
-    metrics = MetricsLog(out_dir / METRICS_FILE)
+    metrics = MetricsLog(out_dir / METRICS_FILE) if lead else None
     bar = progress_bar(pc.max_steps, "pretrain", progress)
-    tuner = thread_tuner(cfg.run.pretrain_threads, thread_invariant)
+    tuner = thread_tuner(cfg.run.pretrain_threads, thread_invariant) if group is None else None
     start = time.perf_counter()
     step, elapsed, budget_bound = 0, 0.0, False
     while step < pc.max_steps and elapsed < pc.time_budget_s:
         lr = lr_at(pc, step, elapsed)
         budget_bound = budget_bound or lr != lr_at(pc, step, 0.0)
         index = next(batches)
+        if group is not None:
+            index = index[group.rank::group.world_size]
         batch_ids, batch_mask = trim_batch(ids[index], mask[index])
         if tuner:
             tuner.before_step()
         t = time.perf_counter()
-        loss = train_step(model, optimizer, batch_ids, lr, pc.grad_clip, pc.dtype, batch_mask)
+        loss = train_step(model, optimizer, batch_ids, lr, pc.grad_clip, pc.dtype, batch_mask, group)
         if tuner:
             tuner.after_step((time.perf_counter() - t) / batch_ids.numel())
-        tokens += batch_ids.shape[0] * (batch_ids.shape[1] - 1)
+        step_tokens = batch_ids.shape[0] * (batch_ids.shape[1] - 1)
         step += 1
         elapsed = time.perf_counter() - start
+        if group is not None:
+            from tidal.pretrain.sharded import global_max, global_sum
+
+            step_tokens, elapsed = int(global_sum(step_tokens)), global_max(elapsed)
+        tokens += step_tokens
         tok_s = tokens / elapsed
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
         done = step >= pc.max_steps or elapsed >= pc.time_budget_s
         budget_bound = budget_bound or step < pc.max_steps and done  # stopped by the clock
-        if step % pc.log_every == 0 or done:
+        if metrics is not None and (step % pc.log_every == 0 or done):
             metrics.write(step=step, loss=loss, lr=lr, tokens_per_s=tok_s, elapsed_s=elapsed,
                           threads=torch.get_num_threads(), budget_bound=budget_bound)
     bar.close()
-    if budget_bound:
-        _warn_budget_bound(pc, step)
-    model.to(getattr(torch, cfg.model.dtype))
-    save_pretrained(model, out_dir / MODEL_DIR, tokenizer=tokenizer)
+    if group is not None:
+        model = _gathered(cfg, model, lead)
+    if lead:
+        if budget_bound:
+            _warn_budget_bound(pc, step)
+        model.to(getattr(torch, cfg.model.dtype))
+        save_pretrained(model, out_dir / MODEL_DIR, tokenizer=tokenizer)
+    if group is not None:
+        import torch.distributed as dist
+
+        dist.barrier()  # the folder is there before any rank returns its path
     return out_dir / MODEL_DIR
+
+
+def _gathered(cfg, sharded: torch.nn.Module, lead: bool) -> torch.nn.Module | None:
+    """Collective: the sharded model's full weights in a plain model on rank 0 (None elsewhere),
+    gathered one parameter at a time."""
+    from tidal.parallel.gather import gather_into
+
+    dest = build_model(cfg.model.model_copy(update={"dtype": "float32"}), seed=0) if lead else None
+    with torch.no_grad():
+        gather_into(sharded, dest)
+    return dest
 
 
 def _warn_budget_bound(pc: PretrainConfig, step: int) -> None:
@@ -297,23 +336,31 @@ def shuffled_batches(rows: torch.Tensor, batch_size: int, seed: int) -> Iterator
 
 
 def train_step(model, optimizer, batch: torch.Tensor, lr: float, grad_clip: float, dtype: str,
-               loss_mask: torch.Tensor | None = None) -> float:
+               loss_mask: torch.Tensor | None = None, group=None) -> float:
     """One next-token-prediction step on batch [B, seq_len]; returns the mean loss (nats/token)
     over the tokens ``loss_mask`` [B, seq_len] marks (None = all). dtype "bfloat16" runs the
-    forward under autocast (the logits come back fp32)."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+    forward under autocast (the logits come back fp32). With ``group`` the batch is this rank's
+    slice: the mean is over every rank's tokens (FSDP sums the gradients), as one process's."""
+    for param_group in optimizer.param_groups:
+        param_group["lr"] = lr
     device = batch.device.type
     with torch.autocast(device, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
         logits = model(batch[:, :-1])
     per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1),
                                 reduction="none")
     weight = torch.ones_like(per_token) if loss_mask is None else loss_mask[:, 1:].reshape(-1)
-    loss = (per_token * weight).sum() / weight.sum().clamp(min=1.0)
+    count = weight.sum()
+    if group is not None:
+        from tidal.pretrain.sharded import global_sum
+
+        count = global_sum(count).to(weight.dtype)
+    loss = (per_token * weight).sum() / count.clamp(min=1.0)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
+    if group is not None:
+        return float(global_sum(loss))
     return loss.item()
 
 
