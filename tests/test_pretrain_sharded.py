@@ -8,7 +8,6 @@ RMS, which turns rounding on a near-zero gradient into a larger elementwise diff
 import json
 
 import pytest
-import torch
 from test_pretrain import DOCS, tiny_cfg
 
 from tidal.model import from_pretrained
