@@ -81,6 +81,22 @@ def test_greedy_batch_equals_full_forward_loop(dense, max_prefill_tokens):
     assert not engine.has_work
 
 
+def test_abort_all_leaves_an_empty_engine_that_generates_as_a_fresh_one(dense):
+    """What a failed rollout left in the engine (running, waiting, finished but unreturned) is
+    dropped, and the next requests get exactly what a fresh engine gives them."""
+    engine = engine_for(dense, max_batch_size=2)
+    for p in PROMPTS:  # 2 run, 2 wait
+        engine.submit(GenerationRequest(p, max_new_tokens=12, ignore_eos=True))
+    engine.step()
+    assert engine.abort_all() == len(PROMPTS) and not engine.has_work
+    assert engine.step() == []
+    again = engine.generate([GenerationRequest(p, max_new_tokens=6, ignore_eos=True) for p in PROMPTS[:2]])
+    fresh = engine_for(dense, max_batch_size=2).generate(
+        [GenerationRequest(p, max_new_tokens=6, ignore_eos=True) for p in PROMPTS[:2]])
+    assert [r.token_ids for r in again] == [r.token_ids for r in fresh]
+    assert [r.logprobs for r in again] == [r.logprobs for r in fresh]
+
+
 def test_logprobs_are_of_the_temperature_scaled_full_distribution(dense):
     """Per-row temperature and top_p in one batch; the recorded logprob ignores top-p truncation."""
     engine = engine_for(dense, seed=3)

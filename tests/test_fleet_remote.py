@@ -19,7 +19,7 @@ from tidal.cli.worker import remote_worker
 from tidal.config import load_config
 from tidal.env import from_config
 from tidal.fleet.auth import SIGNATURE_HEADER, sign
-from tidal.fleet.coordinator import LEASE_HEADER, Coordinator
+from tidal.fleet.coordinator import EPOCH_HEADER, LEASE_HEADER, Coordinator
 from tidal.fleet.join import FleetClient, Joined
 from tidal.fleet.remote import RemotePool
 from tidal.fleet.wire import StepTasks, decode_assignment, encode_results
@@ -141,9 +141,11 @@ def coordinator(tmp_path, ckpt):  # noqa: F811
     store.close()
 
 
-def upload(url, lease, body, token=TOKEN, secret=None):
+def upload(url, lease, body, token=TOKEN, secret=None, epoch=None):
     client = FleetClient(url, token)
     headers = {LEASE_HEADER: lease["lease_id"], SIGNATURE_HEADER: sign(secret or lease["secret"], body)}
+    if epoch is not None:
+        headers[EPOCH_HEADER] = epoch
     status, data = client.request("POST", "/v1/results", body, headers)
     return status, json.loads(data)
 
@@ -232,6 +234,30 @@ def test_a_wrong_batch_is_refused_and_its_worker_loses_the_lease(coordinator, ta
     assert upload(coord.url, lease, honest)[0] == 403 and pool.late_results() == []
     summary = coord.summary()["remote"]
     assert summary["refused"][reason] == 1 and summary["leases_revoked"] == 1
+    j.stop_event.set()
+
+
+def test_a_batch_of_an_earlier_trainer_is_dropped_and_the_lease_kept(coordinator):
+    """A worker finishing what the trainer assigned before it restarted uploads to the restarted
+    one, which re-planned that work from its checkpoint: 410, nothing trained, and unlike a
+    wrong batch (422) the lease stays, so the pool keeps working for the new trainer."""
+    cfg, coord, pool = coordinator
+    j = Joined(coord.url, TOKEN, remote_worker, log=lambda m: None)
+    lease = j.workers[0].lease
+    (w,), _ = pool.members(time.time())
+    future = pool.submit(w, plan_step(cfg, from_config(cfg.env, sandbox=None), 0, 0, workers=1)[0])
+    worker = remote_worker(j.config_json, j.weights, j.tokenizer_dir, w)
+    status, data = j.client.request("GET", f"/v1/work?lease_id={lease['lease_id']}&wait_s=1")
+    answer = json.loads(data)
+    result = worker.rollout(decode_assignment(answer["assignment"], StepTasks(worker.cfg, worker.env)))
+    body = encode_results([result], lease_id=lease["lease_id"], batch_id="e1")
+    status, refused = upload(coord.url, lease, body, epoch="an-earlier-trainer")
+    assert (status, refused["reason"]) == (410, "earlier epoch") and not future.done()
+    assert j.client.json("POST", "/v1/heartbeat", {"lease_id": lease["lease_id"]})[0] == 200
+    body = encode_results([result], lease_id=lease["lease_id"], batch_id="e2")
+    assert upload(coord.url, lease, body, epoch=answer["epoch"])[0] == 200  # this trainer's own
+    assert future.result(timeout=1).trajectories == result.trajectories
+    assert coord.summary()["remote"].get("leases_revoked", 0) == 0
     j.stop_event.set()
 
 
@@ -353,7 +379,7 @@ def test_the_trainer_restarted_from_its_checkpoint_keeps_the_pools_leases(tmp_pa
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    recipe = fleet_toml(tmp_path / "fleet.toml", ["far"], lease_s=20.0, heartbeat_s=0.5,
+    recipe = fleet_toml(tmp_path / "fleet.toml", ["far"], lease_s=120.0, heartbeat_s=0.5,
                         listen=f"127.0.0.1:{port}")
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
@@ -368,7 +394,7 @@ def test_the_trainer_restarted_from_its_checkpoint_keeps_the_pools_leases(tmp_pa
         leases = json.loads((run / "fleet_leases.json").read_text())["leases"]
         assert len(leases) == 2
         resumed = subprocess.run([sys.executable, "-m", "tidal", "train", "--resume", str(run)], env=env,
-                                 capture_output=True, text=True, timeout=180, check=False)
+                                 capture_output=True, text=True, timeout=HANG_S, check=False)
         assert resumed.returncode == 0, resumed.stderr[-2000:]
         assert worker.poll() is None  # the pool carried on
     finally:

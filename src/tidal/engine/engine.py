@@ -115,6 +115,17 @@ class Engine:
         self._waiting.append((request_id, request))
         return request_id
 
+    def abort_all(self) -> int:
+        """Drop every waiting, running and unreturned request (what a failed rollout left
+        behind), so the next caller starts on an empty engine; returns how many were dropped.
+        Their slots become free; caches parked for the prefix cache stay valid."""
+        dropped = len(self._waiting) + len(self._running) + len(self._finished_elsewhere)
+        self._waiting.clear()
+        self._running.clear()
+        self._finished_elsewhere.clear()
+        self._batch = None
+        return dropped
+
     def step(self) -> list[GenerationResult]:
         """Admit + prefill waiting requests, decode one token for all running ones; return the
         requests that finished (in no particular order)."""

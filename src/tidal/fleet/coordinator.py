@@ -10,7 +10,8 @@ out; an error is ``{"error": message, "reason": reason}`` and counted by reason.
                          URLs (the region's announced relays, then the origin), the tokenizer's
                          file names
     GET  /v1/tokenizer/NAME   one tokenizer file of the init checkpoint (bytes)
-    POST /v1/heartbeat   {"lease_id"} -> renewed; 403 {"reason": unknown|expired|released}
+    POST /v1/heartbeat   {"lease_id"} -> renewed, with the trainer's epoch; 403 {"reason":
+                         unknown|expired|released}
     GET  /v1/work?lease_id=L&wait_s=T   long-poll: {"assignment", "epoch", "weights"} or 204;
                          renews the lease (a new epoch: the trainer restarted, pull weights afresh)
     POST /v1/results     a signed batch (wire.encode_results; headers X-Tidal-Lease and
@@ -18,7 +19,9 @@ out; an error is ``{"error": message, "reason": reason}`` and counted by reason.
                          token; 403 bad signature, wrong lease, unknown lease; 409 a replayed
                          batch; 400 a body that does not decode; 422 a result for an assignment
                          the lease was never given, one failing verify.check_result, or one
-                         whose recomputed logprobs differ (a verify_fraction sample)
+                         whose recomputed logprobs differ (a verify_fraction sample); 410 a
+                         batch whose X-Tidal-Epoch names an earlier trainer (it restarted and
+                         re-planned that work from its checkpoint): dropped, the lease kept
     POST /v1/leave       {"lease_ids": [...]} -> released
     POST /v1/relays      {"region", "url"} -> the relay is announced to that region's joiners
 
@@ -60,6 +63,8 @@ from tidal.fleet.wire import WireError, encode_assignment
 from tidal.orchestrator.pool import OrchestratorError
 
 LEASE_HEADER = "X-Tidal-Lease"
+EPOCH_HEADER = "X-Tidal-Epoch"
+"""The epoch the uploaded results' assignments came from (the ``epoch`` of /v1/work)."""
 """The header naming the lease an uploaded batch belongs to."""
 LEASES_FILE = "fleet_leases.json"
 URL_FILE = "fleet_url"
@@ -294,7 +299,7 @@ class Coordinator:
             self._member_pool(lease_id).live(lease_id, time.time(), renew=True)
         except LeaseError as e:
             raise Refused(403, e.reason, str(e)) from None
-        return web.json_response({"lease_id": lease_id, "lease_s": self.cfg.fleet.lease_s})
+        return web.json_response({"lease_id": lease_id, "lease_s": self.cfg.fleet.lease_s, "epoch": self.epoch})
 
     async def work(self, request):
         lease_id = request.query.get("lease_id")
@@ -319,10 +324,17 @@ class Coordinator:
     async def results(self, request):
         body = await request.read()
         return web.json_response(await asyncio.to_thread(
-            self._results, request.headers.get(LEASE_HEADER), request.headers.get(SIGNATURE_HEADER), body))
+            self._results, request.headers.get(LEASE_HEADER), request.headers.get(SIGNATURE_HEADER), body,
+            request.headers.get(EPOCH_HEADER)))
 
-    def _results(self, lease_id: str | None, signature: str | None, body: bytes) -> dict:
+    def _results(self, lease_id: str | None, signature: str | None, body: bytes,
+                 epoch: str | None = None) -> dict:
         pool = self._member_pool(lease_id)
+        if epoch is not None and epoch != self.epoch:
+            # work an earlier trainer assigned: this one re-planned it from its checkpoint, so
+            # the batch is not wrong, only late; nothing of it is trained and the lease stays
+            raise Refused(410, "earlier epoch", f"batch for assignments of trainer epoch {epoch[:40]!r}; "
+                                                "the trainer restarted and re-planned them")
         try:
             secret, _ = pool.secret_of(lease_id, time.time())
         except LeaseError as e:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from tidal.errors import UserError
 from tidal.fleet.auth import SIGNATURE_HEADER, bearer, redact, sign
-from tidal.fleet.coordinator import LEASE_HEADER
+from tidal.fleet.coordinator import EPOCH_HEADER, LEASE_HEADER
 from tidal.fleet.wire import StepTasks, decode_assignment, encode_results
 from tidal.sync.errors import SyncError
 from tidal.sync.puller import NO_PROXY, Puller
@@ -157,6 +157,8 @@ class Joined:
         while not self.stop_event.wait(self.heartbeat_s):
             for slot in self.workers:
                 lease = slot.lease
+                if slot.stopped:
+                    continue
                 try:
                     status, answer = self.client.json("POST", "/v1/heartbeat", {"lease_id": lease["lease_id"]})
                 except NETWORK:
@@ -164,6 +166,15 @@ class Joined:
                 if status == 403 and slot.lease is lease:
                     self.log(f"worker {lease['worker']}: lease refused ({answer.get('reason')}); joining again")
                     slot.lost = True
+                elif status == 200 and answer.get("epoch") not in (None, slot.epoch):
+                    slot.restarted.set()  # what it runs belongs to the trainer before
+
+    def release(self, lease: dict) -> None:
+        """Give one lease back (the orchestrator re-queues what it held at once)."""
+        try:
+            self.client.json("POST", "/v1/leave", {"lease_ids": [lease["lease_id"]]})
+        except NETWORK as e:
+            self.log(f"leave: coordinator unreachable ({e}); the lease will expire")
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Release every lease (the orchestrator re-queues what they held at once)."""
@@ -189,6 +200,11 @@ class Slot:
     def __init__(self, joined: Joined, lease: dict):
         self.joined, self.lease, self.lost = joined, lease, False
         self.epoch = joined.epoch
+        self.restarted = threading.Event()
+        """Set by a heartbeat naming another epoch than this worker's assignment: the trainer
+        restarted and re-planned that work, so its rollout is dropped, not retried."""
+        self.stopped = False
+        """True once the worker thread ended on an error (its lease released, no heartbeats)."""
         self.worker = None
         self.thread = threading.Thread(target=self._run, daemon=True, name=f"tidal-worker-{lease['worker']}")
 
@@ -215,6 +231,10 @@ class Slot:
         except Exception as e:  # noqa: BLE001 - a worker thread reports and ends
             if not j.stop_event.is_set():
                 j.log(f"worker {self.lease['worker']} stopped: {type(e).__name__}: {e}")
+                # the heartbeat thread would keep its lease alive with nobody working under it:
+                # give it back, so what it held is re-queued now
+                self.stopped = True
+                j.release(self.lease)
 
     def _next(self, tasks):
         lease_id = self.lease["lease_id"]
@@ -229,6 +249,7 @@ class Slot:
         answer = json.loads(data)
         if answer["epoch"] != self.epoch:
             self._new_epoch(answer)
+        self.restarted.clear()  # after the epoch is this trainer's: its work is not dropped
         return decode_assignment(answer["assignment"], tasks)
 
     def _new_epoch(self, answer: dict) -> None:
@@ -247,6 +268,9 @@ class Slot:
         for attempt in range(1_000_000):
             if j.stop_event.is_set():
                 return
+            if self.restarted.is_set():  # its weights' origin is gone with the trainer before
+                j.log(f"worker {lease['worker']}: the trainer restarted; assignment {a.assignment_id} dropped")
+                return
             try:
                 result = self.worker.rollout(a)
                 break
@@ -262,7 +286,7 @@ class Slot:
         batch_id = uuid.uuid4().hex
         body = encode_results(results, lease_id=lease["lease_id"], batch_id=batch_id)
         headers = {LEASE_HEADER: lease["lease_id"], SIGNATURE_HEADER: sign(lease["secret"], body),
-                   "Content-Type": "application/json"}
+                   EPOCH_HEADER: self.epoch, "Content-Type": "application/json"}
         for attempt in range(1_000_000):
             if j.stop_event.is_set():
                 return "stopped"
@@ -275,7 +299,7 @@ class Slot:
                 return "accepted"
             if status == 409:
                 return "delivered-before"
-            if status in (400, 401, 403, 404, 422):
+            if status in (400, 401, 403, 404, 410, 422):
                 j.log(f"worker {lease['worker']}: batch refused ({status}): {data[:300]!r}")
                 if status == 403 and lease is self.lease:
                     self.lost = True

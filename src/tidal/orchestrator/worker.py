@@ -90,9 +90,15 @@ class RolloutWorker:
         self._wait_for_version(assignment.min_version, spans)
         reload = (lambda: self._maybe_reload(spans)) if self.in_flight_updates else None
         t0 = time.time()
-        trajs, stats = run_episodes(self.engine, self.env, assignment.tasks, self.cfg.harness,
-                                    self.cfg.orchestrator.group_size, assignment.group_ids, reload,
-                                    seed=derive_seed(self.cfg.run.seed, "rollout", assignment.step))
+        try:
+            trajs, stats = run_episodes(self.engine, self.env, assignment.tasks, self.cfg.harness,
+                                        self.cfg.orchestrator.group_size, assignment.group_ids, reload,
+                                        seed=derive_seed(self.cfg.run.seed, "rollout", assignment.step))
+        except BaseException:
+            # a failed rollout (weights unreachable mid-episode, a dead server) leaves requests
+            # in the engine; the next assignment, or this one retried, starts on an empty one
+            self.engine.abort_all()
+            raise
         spans.append(Span(self.worker_id, "busy", t0, time.time()))
         return RolloutResult(assignment.assignment_id, assignment.step, self.worker_id, trajs,
                              stats.generated_tokens, stats.generate_s, stats.grade_s, spans)

@@ -106,6 +106,15 @@ class RemoteEngine:
             self._complete(request_id, request), self._loop)
         return request_id
 
+    def abort_all(self) -> int:
+        """Forget every request in flight (a failed rollout's leftovers; their replies are
+        dropped); returns how many."""
+        dropped = len(self._futures)
+        for future in self._futures.values():
+            future.cancel()
+        self._futures.clear()
+        return dropped
+
     def step(self) -> list[GenerationResult]:
         """The requests that finished within engine.remote.poll_s (maybe none); raises the
         first failed request's RemoteEngineError."""
