@@ -95,3 +95,13 @@ def close_group() -> None:
     """Leave the default process group (if this process is in one)."""
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def torchrun_group(sharding) -> Group:
+    """Join the group torchrun started, checking its WORLD_SIZE against
+    ``sharding.processes`` (a tidal.parallel.config.ShardingConfig) first."""
+    env = env_rendezvous()
+    if env["world_size"] != sharding.processes:
+        raise WorldSizeError(f"torchrun started {env['world_size']} processes but "
+                             f"trainer.sharding.processes = {sharding.processes}; make them equal")
+    return init_group(**env, backend=sharding.backend, timeout_s=sharding.timeout_s)

@@ -26,9 +26,9 @@ from tidal.parallel.group import (
     Group,
     WorldSizeError,
     close_group,
-    env_rendezvous,
     free_port,
     init_group,
+    torchrun_group,
 )
 
 JOIN_TIMEOUT_S = 60.0
@@ -49,11 +49,7 @@ def pretrain_sharded(cfg, out_dir: Path, docs: list[str] | None, progress: bool)
     sharding = cfg.trainer.sharding
     check_batch(cfg)
     if sharding.launcher == "torchrun":
-        env = env_rendezvous()
-        if env["world_size"] != sharding.processes:
-            raise WorldSizeError(f"torchrun started {env['world_size']} processes but "
-                                 f"trainer.sharding.processes = {sharding.processes}; make them equal")
-        group = init_group(**env, backend=sharding.backend, timeout_s=sharding.timeout_s)
+        group = torchrun_group(sharding)
         return _run_rank(cfg, out_dir, docs, progress and group.rank == 0, group)
     port, n = free_port(), sharding.processes
     ctx = multiprocessing.get_context("spawn")

@@ -32,9 +32,9 @@ from tidal.parallel.gather import gather_into, scatter_from
 from tidal.parallel.group import (
     Group,
     close_group,
-    env_rendezvous,
     free_port,
     init_group,
+    torchrun_group,
 )
 from tidal.parallel.shard import shard_model
 from tidal.trainer.config import TrainerConfig
@@ -225,13 +225,7 @@ def make_trainer(model: CausalLM, cfg: TrainerConfig, temperature: float = 1.0, 
         return Trainer(model, cfg, temperature=temperature, pad_id=pad_id, numerics=numerics)
     if sharding.launcher == "spawn":
         return ShardedTrainerHandle(model, cfg, temperature, pad_id, numerics)
-    env = env_rendezvous()
-    if env["world_size"] != sharding.processes:
-        from tidal.parallel.group import WorldSizeError
-
-        raise WorldSizeError(f"torchrun started {env['world_size']} processes but "
-                             f"trainer.sharding.processes = {sharding.processes}; make them equal")
-    group = init_group(**env, backend=sharding.backend, timeout_s=sharding.timeout_s)
+    group = torchrun_group(sharding)
     spec = Spec(model.config, cfg, temperature, pad_id, numerics)
     if group.rank != 0:
         follow(spec, group)
