@@ -91,6 +91,13 @@ def with_canaries(tasks: list, env: EnvironmentSpec, rate: float, rng: random.Ra
     return [make(t, rng) if rng.random() < rate else t for t in tasks]
 
 
+def with_decay(trainer_cfg, steps: int):
+    """trainer.decay_steps 0 means "the run's own length": the steps after warm-up."""
+    if trainer_cfg.decay_steps:
+        return trainer_cfg
+    return trainer_cfg.model_copy(update={"decay_steps": max(1, steps - trainer_cfg.warmup_steps)})
+
+
 def plan_step(cfg: TidalConfig, env: EnvironmentSpec, step: int, first_id: int,
               workers: int | None = None) -> list[Assignment]:
     """Split step ``step``'s tasks into one assignment per worker (``workers``: the fleet's
@@ -179,7 +186,7 @@ class Run:
         if cfg.run.trainer_threads:
             torch.set_num_threads(cfg.run.trainer_threads)
         policy = from_pretrained(init_checkpoint, dtype=torch.float32)
-        self.trainer = make_trainer(policy, cfg.trainer, temperature=cfg.engine.temperature,
+        self.trainer = make_trainer(policy, with_decay(cfg.trainer, oc.steps), temperature=cfg.engine.temperature,
                                     numerics=cfg.engine.numerics)  # processes > 1: FSDP2 handle
         serving = copy.deepcopy(policy).to(getattr(torch, cfg.model.dtype))
         self.eval_engine = Engine(serving, load_tokenizer(init_checkpoint), cfg.engine, version=0)

@@ -57,6 +57,15 @@ class TrainerConfig(Section):
     """AdamW decoupled weight decay, applied to matrices only (not norm gains)."""
     warmup_steps: int = Field(5, ge=0)
     """Linear learning-rate warm-up, optimizer steps."""
+    lr_schedule: Literal["constant", "cosine", "linear"] = "cosine"
+    """After warm-up: keep lr (constant), or decay it to lr * min_lr_ratio over decay_steps
+    optimizer steps along a half cosine or a straight line, then hold it there."""
+    decay_steps: int = Field(0, ge=0)
+    """Optimizer steps from the end of warm-up to the end of the decay; 0 = the run's own
+    length (orchestrator.steps minus warm-up, set by the RL loop; a trainer built alone without
+    it keeps lr constant)."""
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    """Where the decay ends, as a fraction of lr."""
     grad_clip: float = Field(1.0, gt=0)
     """Clip the global gradient norm to this value."""
     clip_eps_low: float = Field(0.2, ge=0)

@@ -35,6 +35,7 @@ from tidal.numerics.metrics import mismatch_metrics, routing_flip_metrics
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.grpo import NO_REPLAY, TrainBatch, collate, ppo_clip_loss, token_logprobs
 from tidal.trainer.offpolicy import behaviour_weights
+from tidal.trainer.schedule import lr_at
 from tidal.trainer.stats import (
     GradientStats,
     GradientSums,
@@ -73,6 +74,8 @@ class Trainer:
         self.deterministic = numerics == "deterministic"
         self.pad_id = pad_id
         self.version = 0
+        self.lr_scale = 1.0
+        """Multiplies the schedule's learning rate; saved in state_dict (the guard lowers it)."""
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("Trainer: the model has no trainable parameters")
@@ -181,10 +184,10 @@ class Trainer:
         return lr
 
     def lr_at(self, version: int) -> float:
-        """Linear warm-up over cfg.warmup_steps optimizer steps, then constant cfg.lr."""
-        if self.cfg.warmup_steps == 0:
-            return self.cfg.lr
-        return self.cfg.lr * min(1.0, (version + 1) / self.cfg.warmup_steps)
+        """The learning rate of the optimizer step from ``version``: tidal.trainer.schedule's
+        warm-up and decay of cfg.lr, times ``lr_scale`` (lowered by the run's guard after a
+        collapse)."""
+        return self.lr_scale * lr_at(self.cfg, version)
 
     # ------------------------------------------------------------------ pieces
 
@@ -270,6 +273,7 @@ class Trainer:
         The model's own weights are saved separately (as a Hugging Face folder)."""
         return {
             "version": self.version,
+            "lr_scale": self.lr_scale,
             "optimizer": self.optimizer.state_dict(),
             "masters": [m.detach().clone() for m in self.masters] if self.separate_masters else None,
         }
@@ -293,6 +297,7 @@ class Trainer:
                     p.copy_(saved)
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
+        self.lr_scale = float(state.get("lr_scale", 1.0))  # checkpoints before the guard: 1
 
 
 class _Comparison:
