@@ -72,8 +72,22 @@ class TrainerConfig(Section):
     """PPO ratio clip below: ratio >= 1 - clip_eps_low."""
     clip_eps_high: float = Field(0.28, ge=0)
     """PPO ratio clip above: ratio <= 1 + clip_eps_high (decoupled, as in DAPO)."""
+    dual_clip: float = Field(0.0, ge=0)
+    """Dual-clip PPO: a token with a negative advantage adds at most dual_clip * |A| to the loss,
+    however large its ratio (0 = off; the usual value is 3, must be > 1 when on)."""
     kl_coef: float = Field(0.0, ge=0)
-    """Weight of a k3 KL penalty to the behaviour policy (0 = off)."""
+    """Weight of a k3 KL penalty (0 = off) to kl_reference."""
+    kl_reference: Literal["behaviour", "initial"] = "behaviour"
+    """What the KL penalty holds the policy to. behaviour: the policy that sampled the batch
+    (free: its logprobs are recorded); initial: a frozen copy of the model RL began from (one
+    extra no-grad forward per micro-batch, and one more copy of the weights in memory)."""
+    entropy_coef: float = Field(0.0, ge=0)
+    """Weight of an entropy bonus: loss -= entropy_coef * mean entropy of the sampling
+    distribution over trained tokens (0 = off)."""
+    entropy_floor: float = Field(0.0, ge=0)
+    """With entropy_coef > 0: apply the bonus only to micro-batches whose mean entropy (nats per
+    token) is below this floor, so it lifts a collapsing policy without flattening a healthy
+    one; 0 = always apply it."""
     loss_agg: Literal["token_mean", "seq_mean"] = "token_mean"
     """token_mean: average over all generated tokens in the batch; seq_mean: per sequence first."""
     micro_batch_size: int = Field(16, ge=1)
@@ -101,3 +115,9 @@ class TrainerConfig(Section):
     """Off-policy correction of the loss ([trainer.off_policy])."""
     sharding: ShardingConfig = ShardingConfig()
     """FSDP2 sharding of the trainer over several processes ([trainer.sharding]; 1 = none)."""
+
+    @model_validator(mode="after")
+    def _check_dual_clip(self) -> "TrainerConfig":
+        if 0 < self.dual_clip <= 1:
+            raise ValueError(f"trainer.dual_clip ({self.dual_clip}) must be > 1 (3 is usual), or 0 for off")
+        return self

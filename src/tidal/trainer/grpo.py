@@ -244,6 +244,8 @@ def ppo_clip_loss(
     num_units: float | None = None,
     prox_lp: torch.Tensor | None = None,
     token_weight: torch.Tensor | None = None,
+    dual_clip: float = 0.0,
+    ref_lp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """PPO-clip policy-gradient loss against the behaviour policy, with a decoupled clip range.
 
@@ -254,6 +256,13 @@ def ppo_clip_loss(
     Decoupled PPO (off-policy corrections, trainer/offpolicy.py): with ``prox_lp`` the ratio is
     exp(new - prox) instead, and ``token_weight`` [B,T] (rho) multiplies each token's pg term; k3
     stays against the behaviour policy ``old_lp``.
+
+    Dual-clip (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL"): with
+    ``dual_clip`` c > 1, a token with A < 0 contributes at most -c * A, so a huge ratio on a bad
+    sample (a policy drifting into tokens the behaviour policy rarely chose) cannot dominate the
+    step. KL to a reference: with ``ref_lp`` (a frozen reference policy's logprobs, e.g. the
+    model RL began from) k3 is exp(ref - new) - 1 - (ref - new), the estimator of
+    KL(current || reference) GRPO uses (DeepSeekMath), instead of the one to the behaviour policy.
 
     new_lp, old_lp, mask: [B,T]; adv: [B]. Returns (loss, LossStats): token means over the
     masked tokens (clip_frac, kl, ratio_mean) plus ratio_max, pg_loss, and tokens; a
@@ -266,10 +275,16 @@ def ppo_clip_loss(
     unclipped = ratio * a
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * a
     pg = -torch.minimum(unclipped, clipped)
+    if dual_clip > 0:
+        pg = torch.where(a < 0, torch.minimum(pg, -dual_clip * a), pg)
     if token_weight is not None:
         pg = pg * token_weight
-    log_behaviour_ratio = log_ratio if prox_lp is None else (new_lp - old_lp) * mask
-    k3 = torch.exp(log_behaviour_ratio) - 1.0 - log_behaviour_ratio
+    if ref_lp is not None:
+        log_ref_ratio = (ref_lp - new_lp) * mask
+        k3 = torch.exp(log_ref_ratio) - 1.0 - log_ref_ratio
+    else:
+        log_behaviour_ratio = log_ratio if prox_lp is None else (new_lp - old_lp) * mask
+        k3 = torch.exp(log_behaviour_ratio) - 1.0 - log_behaviour_ratio
     w = loss_weights(mask, agg, num_units)
     pg_loss = (pg * w).sum()
     kl_loss = (k3 * w).sum()

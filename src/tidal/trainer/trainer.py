@@ -33,7 +33,8 @@ from tidal.engine.config import EngineConfig
 from tidal.errors import UserError
 from tidal.numerics.metrics import mismatch_metrics, routing_flip_metrics
 from tidal.trainer.config import TrainerConfig
-from tidal.trainer.grpo import NO_REPLAY, TrainBatch, collate, ppo_clip_loss, token_logprobs
+from tidal.trainer.grpo import (NO_REPLAY, TrainBatch, collate, loss_weights, ppo_clip_loss,
+                                token_logprobs)
 from tidal.trainer.offpolicy import behaviour_weights
 from tidal.trainer.schedule import lr_at
 from tidal.trainer.stats import (
@@ -76,6 +77,8 @@ class Trainer:
         self.version = 0
         self.lr_scale = 1.0
         """Multiplies the schedule's learning rate; saved in state_dict (the guard lowers it)."""
+        self.reference = _frozen_copy(model) if cfg.kl_coef > 0 and cfg.kl_reference == "initial" else None
+        """The model RL began from, for the KL penalty to it (kl_reference = "initial")."""
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("Trainer: the model has no trainable parameters")
@@ -124,12 +127,26 @@ class Trainer:
             logits, own_experts, used_experts, filled = self._forward(mb)
             new_lp = token_logprobs(logits, mb.targets, self.temperature)
             compared.add(mb, new_lp, own_experts, used_experts, self.version)
-            loss, st, off = self._loss(mb, new_lp, units)
+            loss, st, off = self._loss(mb, new_lp, units, used_experts)
+            entropy = _masked_entropy(logits, mb.loss_mask, self.temperature,
+                                      with_grad=self.cfg.entropy_coef > 0)
+            loss = loss - self._entropy_bonus(entropy, mb, units)
             loss.backward()
             self._move_grads_to_masters()
-            sums.add(loss.item(), st, off, _masked_entropy_sum(logits, mb.loss_mask, self.temperature),
-                     filled)
+            sums.add(loss.item(), st, off, entropy.sum().item(), filled)
         return self._gradient_stats(sums, compared)
+
+    def _entropy_bonus(self, entropy: torch.Tensor, mb: TrainBatch, units: float) -> torch.Tensor:
+        """entropy_coef times the micro-batch's share of the batch's mean entropy (aggregated as
+        the loss is), or 0: off, or the micro-batch's entropy is at or above entropy_floor."""
+        cfg = self.cfg
+        if cfg.entropy_coef == 0:
+            return torch.zeros(())
+        if cfg.entropy_floor > 0:
+            mean = (entropy.detach().sum() / mb.loss_mask.sum().clamp(min=1.0)).item()
+            if mean >= cfg.entropy_floor:
+                return torch.zeros(())
+        return cfg.entropy_coef * (entropy * loss_weights(mb.loss_mask, cfg.loss_agg, units)).sum()
 
     def _rows_to_train(self, tb: TrainBatch) -> TrainBatch:
         """The rows this process trains, in micro-batch order: all of them, longest first when
@@ -142,9 +159,10 @@ class Trainer:
         """The batch's statistics from this process's sums (a sharded trainer reduces them)."""
         return sums.result(compared.mismatch(), compared.routing())
 
-    def _loss(self, mb: TrainBatch, new_lp: torch.Tensor,
-              units: float) -> tuple[torch.Tensor, LossStats, OffPolicyStats | None]:
-        """PPO-clip against the behaviour policy, or decoupled with an off-policy correction."""
+    def _loss(self, mb: TrainBatch, new_lp: torch.Tensor, units: float,
+              experts=None) -> tuple[torch.Tensor, LossStats, OffPolicyStats | None]:
+        """PPO-clip against the behaviour policy, or decoupled with an off-policy correction;
+        dual-clip and the KL penalty as the config says."""
         cfg = self.cfg
         prox, rho, off = None, None, None
         if cfg.off_policy.kind != "none":
@@ -153,9 +171,24 @@ class Trainer:
         loss, st = ppo_clip_loss(
             new_lp, mb.old_logprobs, mb.advantages, mb.loss_mask, cfg.clip_eps_low,
             cfg.clip_eps_high, cfg.loss_agg, kl_coef=cfg.kl_coef, num_units=units,
-            prox_lp=prox, token_weight=rho,
+            prox_lp=prox, token_weight=rho, dual_clip=cfg.dual_clip,
+            ref_lp=self._reference_logprobs(mb, experts),
         )
         return loss, st, off
+
+    def _reference_logprobs(self, mb: TrainBatch, experts) -> torch.Tensor | None:
+        """The frozen initial model's logprobs of the targets (kl_reference = "initial" with a
+        KL weight), routed through the same experts as the training forward; else None."""
+        if self.cfg.kl_coef == 0 or self.cfg.kl_reference != "initial":
+            return None
+        if self.reference is None:
+            raise RuntimeError("Trainer.reference is None: kl_reference = 'initial' needs the "
+                               "frozen copy made at construction")
+        moe = getattr(self.model.config, "is_moe", False)
+        with torch.no_grad(), self._autocast():
+            kwargs = {"replay_experts": experts} if moe else {}
+            logits = self.reference(mb.input_ids, **kwargs, **self._numerics())
+        return token_logprobs(logits, mb.targets, self.temperature)
 
     def clip_gradients(self) -> float:
         """Clip the global gradient norm to cfg.grad_clip; returns the norm before clipping.
@@ -351,10 +384,21 @@ def by_length(tb: TrainBatch) -> TrainBatch:
     return tb.select(torch.argsort(tb.lengths, descending=True, stable=True))
 
 
-def _masked_entropy_sum(logits: torch.Tensor, mask: torch.Tensor, temperature: float) -> float:
-    """Sum over trained tokens of the sampling distribution's entropy (nats), without grad."""
-    with torch.no_grad():
+def _masked_entropy(logits: torch.Tensor, mask: torch.Tensor, temperature: float,
+                    with_grad: bool) -> torch.Tensor:
+    """The sampling distribution's entropy (nats) at each trained token [B, T], 0 elsewhere;
+    differentiable only ``with_grad`` (an entropy bonus), else computed without a graph."""
+    with torch.set_grad_enabled(with_grad and torch.is_grad_enabled()):
         t = temperature if temperature > 0 else 1.0
         logp = torch.log_softmax(logits.float() / t, dim=-1)
-        ent = -(logp.exp() * logp).sum(-1)
-        return (ent * mask).sum().item()
+        return -(logp.exp() * logp).sum(-1) * mask
+
+
+def _frozen_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` that never trains (the KL reference)."""
+    import copy
+
+    ref = copy.deepcopy(model)
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref.eval()

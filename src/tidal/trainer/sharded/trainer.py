@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from tidal.errors import UserError
 from tidal.parallel.group import Group
 from tidal.trainer.grpo import TrainBatch
 from tidal.trainer.stats import GradientStats, GradientSums, OffPolicyStats
@@ -37,6 +38,10 @@ class ShardedTrainer(Trainer):
 
     def __init__(self, model, cfg, group: Group, temperature: float = 1.0, pad_id: int = 0,
                  numerics: str = "fast"):
+        if cfg.kl_coef > 0 and cfg.kl_reference == "initial":
+            raise UserError("trainer.kl_reference = 'initial' is not supported with "
+                            "trainer.sharding.processes > 1 (the frozen reference would need its "
+                            "own sharding); use kl_reference = 'behaviour', or one process")
         super().__init__(model, cfg, temperature=temperature, pad_id=pad_id, numerics=numerics)
         self.group = group
 
