@@ -3,8 +3,8 @@ and its floor (tidal.trainer.grpo.ppo_clip_loss, tidal.trainer.trainer.Trainer).
 
 import pytest
 import torch
-
 from test_trainer import on_policy_batch, tiny_model
+
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.grpo import ppo_clip_loss
 from tidal.trainer.trainer import Trainer
@@ -63,7 +63,7 @@ def test_entropy_bonus_raises_entropy_and_the_floor_turns_it_off():
     bonus, st_bonus = _step(TrainerConfig(**base, entropy_coef=1.0))
     assert st_bonus.entropy == pytest.approx(st_plain.entropy)  # same forward before the update
     assert st_bonus.loss < st_plain.loss  # the bonus is subtracted
-    floor, st_floor = _step(TrainerConfig(**base, entropy_coef=1.0, entropy_floor=1e-3))
+    _, st_floor = _step(TrainerConfig(**base, entropy_coef=1.0, entropy_floor=1e-3))
     assert st_floor.loss == pytest.approx(st_plain.loss)  # entropy above the floor: no bonus
     batch = on_policy_batch(tiny_model(), seed=1)
     after = {name: t.step(batch).entropy for name, t in (("plain", plain), ("bonus", bonus))}

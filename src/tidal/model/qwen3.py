@@ -28,6 +28,7 @@ from torch import nn
 from tidal.model.config import ModelConfig
 from tidal.model.fused import FusedWeights, fused_forward
 from tidal.model.kv_cache import KVCache, make_plan
+from tidal.model.prefix import SharedPrefix, shared_prefix_forward
 from tidal.model.rope import RopeTable, apply_rope
 from tidal.numerics import make_ops
 from tidal.numerics.moe import dispatch_to_experts
@@ -223,6 +224,7 @@ class CausalLM(nn.Module):
         logits_at: torch.Tensor | None = None,
         deterministic: bool = False,
         dtype: torch.dtype | None = None,
+        prefix: SharedPrefix | None = None,
     ):
         """input_ids [B, T] -> fp32 logits [B, T, vocab], or (logits, experts [B, T, layers, k] |
         None) with return_experts.
@@ -235,8 +237,12 @@ class CausalLM(nn.Module):
         (prefill needs only each prompt's last position; experts stay [B, T, layers, k]).
         deterministic: the batch-invariant forward (tidal.numerics), with or without a cache,
         computing in ``dtype`` (None: the parameters' dtype; the trainer passes the engine's).
+        prefix: rows continue shared prefixes computed once (model/prefix.py; deterministic,
+        no cache, positions implied); logits and experts cover the given suffix tokens only.
         """
         b, t = input_ids.shape
+        if prefix is not None:
+            return self._prefix_forward(input_ids, prefix, replay_experts, return_experts, dtype)
         explicit = positions is not None
         if positions is None:
             positions = torch.arange(t, device=input_ids.device).expand(b, t)
@@ -257,6 +263,20 @@ class CausalLM(nn.Module):
             )
         else:
             logits, expert_ids = self._forward(input_ids, positions, explicit, replay, logits_at)
+        if not return_experts:
+            return logits
+        if not self.config.is_moe:
+            return logits, None
+        return logits, torch.stack(expert_ids, dim=1).view(b, t, len(expert_ids), -1)
+
+    def _prefix_forward(self, input_ids, prefix: SharedPrefix, replay_experts, return_experts, dtype):
+        """model/prefix.py's forward of suffix rows over shared prefixes (deterministic)."""
+        b, t = input_ids.shape
+        replay = self._check_replay(replay_experts, b, t)
+        if prefix.replay is not None:
+            self._check_replay(prefix.replay, *prefix.ids.shape)
+        weights = self.fused_weights("deterministic", dtype or self.model.embed_tokens.weight.dtype)
+        logits, expert_ids = shared_prefix_forward(self, weights, prefix, input_ids, replay)
         if not return_experts:
             return logits
         if not self.config.is_moe:

@@ -96,6 +96,10 @@ class TrainerConfig(Section):
     2 Intel cores (the default recipe's 64 rows of ~140 tokens, deterministic numerics): 16 rows
     per pass took 0.55x the time of one 64-row pass (the attention's [rows, T, keys] tensors stay
     in cache, and short rows stop padding to the longest); 8 rows, the same as 16."""
+    share_prompts: bool = True
+    """With deterministic numerics, compute each distinct prompt of a batch once and train every
+    row on its completion over the prompt's keys and values (trainer/prefix.py; the logprobs are
+    the same bits). GRPO's group_size rows per prompt made the prompt most of the trainer's work."""
     normalize_adv_std: bool = True
     """GRPO: divide group-centred rewards by the group's standard deviation."""
     dtype: DtypeName = "auto"

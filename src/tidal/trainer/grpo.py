@@ -56,6 +56,10 @@ def group_advantages(
     return adv.float()
 
 
+PER_ROW = ("advantages", "row_traj", "lengths", "prompt_lengths")
+"""TrainBatch fields with one value per row (the others are [B, T, ...])."""
+
+
 @dataclass
 class TrainBatch:
     """Padded tensors for one trainer step; one row per segment. B rows, T = longest row.
@@ -69,6 +73,8 @@ class TrainBatch:
     row_traj [B] long: index of the trajectory each row came from.
     lengths [B] long: real (unpadded) positions per row.
     versions [B,T] long: policy version that sampled targets[t] (-1 where loss_mask is 0).
+    prompt_lengths [B] long: the segment's prompt tokens (its first completion token is predicted
+        at position prompt_lengths - 1); rows with equal prompts share them (trainer/prefix.py).
     """
 
     input_ids: torch.Tensor
@@ -80,6 +86,7 @@ class TrainBatch:
     row_traj: torch.Tensor
     lengths: torch.Tensor
     versions: torch.Tensor
+    prompt_lengths: torch.Tensor
 
     @property
     def num_rows(self) -> int:
@@ -99,7 +106,7 @@ class TrainBatch:
         """Rows [start, stop), trimmed to their own longest row (less padding per micro-batch)."""
         cut = slice(start, stop)
         length = max(int(self.lengths[cut].max().item()), 1)
-        per_row = ("advantages", "row_traj", "lengths")
+        per_row = PER_ROW
         return TrainBatch(**{
             name: None if t is None else t[cut] if name in per_row else t[cut, :length]
             for name, t in vars(self).items()
@@ -138,6 +145,7 @@ def collate(
         row_traj=row_traj,
         lengths=torch.tensor([len(s.prompt_ids) + len(s.completion_ids) - 1 for _, s in rows]),
         versions=torch.full((B, T), -1, dtype=torch.long),
+        prompt_lengths=torch.tensor([len(s.prompt_ids) for _, s in rows], dtype=torch.long),
     )
     for b, (_, s) in enumerate(rows):
         _fill_row(batch, b, s)

@@ -31,11 +31,19 @@ from torch import nn
 
 from tidal.engine.config import EngineConfig
 from tidal.errors import UserError
+from tidal.model.prefix import SharedPrefix
 from tidal.numerics.metrics import mismatch_metrics, routing_flip_metrics
 from tidal.trainer.config import TrainerConfig
-from tidal.trainer.grpo import (NO_REPLAY, TrainBatch, collate, loss_weights, ppo_clip_loss,
-                                token_logprobs)
+from tidal.trainer.grpo import (
+    NO_REPLAY,
+    TrainBatch,
+    collate,
+    loss_weights,
+    ppo_clip_loss,
+    token_logprobs,
+)
 from tidal.trainer.offpolicy import behaviour_weights
+from tidal.trainer.prefix import micro_batches as prefix_micro_batches
 from tidal.trainer.schedule import lr_at
 from tidal.trainer.stats import (
     GradientStats,
@@ -121,13 +129,13 @@ class Trainer:
         units = self._loss_units(tb)
         sums = GradientSums()
         compared = _Comparison()
-        tb = self._rows_to_train(tb)
-        for start in range(0, tb.num_rows, self.cfg.micro_batch_size):
-            mb = tb.rows(start, start + self.cfg.micro_batch_size).to(self.params[0].device)
-            logits, own_experts, used_experts, filled = self._forward(mb)
+        device = self.params[0].device
+        for mb, prefix in self._micro_batches(self._rows_to_train(tb)):
+            mb, prefix = mb.to(device), None if prefix is None else prefix.to(device)
+            logits, own_experts, used_experts, filled = self._forward(mb, prefix)
             new_lp = token_logprobs(logits, mb.targets, self.temperature)
             compared.add(mb, new_lp, own_experts, used_experts, self.version)
-            loss, st, off = self._loss(mb, new_lp, units, used_experts)
+            loss, st, off = self._loss(mb, new_lp, units, used_experts, prefix)
             entropy = _masked_entropy(logits, mb.loss_mask, self.temperature,
                                       with_grad=self.cfg.entropy_coef > 0)
             loss = loss - self._entropy_bonus(entropy, mb, units)
@@ -148,6 +156,18 @@ class Trainer:
                 return torch.zeros(())
         return cfg.entropy_coef * (entropy * loss_weights(mb.loss_mask, cfg.loss_agg, units)).sum()
 
+    def _micro_batches(self, tb: TrainBatch) -> list[tuple[TrainBatch, SharedPrefix | None]]:
+        """(micro-batch, shared prefixes or None): rows grouped by prompt so each distinct
+        prompt is computed once (trainer/prefix.py; deterministic numerics, share_prompts), or
+        consecutive slices of micro_batch_size rows."""
+        size = self.cfg.micro_batch_size
+        if self.deterministic and self.cfg.share_prompts:
+            replay = self.cfg.router_replay != "off" and getattr(self.model.config, "is_moe", False)
+            shared = prefix_micro_batches(tb, size, self.pad_id, replay)
+            if shared is not None:
+                return shared
+        return [(tb.rows(start, start + size), None) for start in range(0, tb.num_rows, size)]
+
     def _rows_to_train(self, tb: TrainBatch) -> TrainBatch:
         """The rows this process trains, in micro-batch order: all of them, longest first when
         they are cut into several micro-batches (a sharded trainer takes its share here)."""
@@ -159,8 +179,8 @@ class Trainer:
         """The batch's statistics from this process's sums (a sharded trainer reduces them)."""
         return sums.result(compared.mismatch(), compared.routing())
 
-    def _loss(self, mb: TrainBatch, new_lp: torch.Tensor, units: float,
-              experts=None) -> tuple[torch.Tensor, LossStats, OffPolicyStats | None]:
+    def _loss(self, mb: TrainBatch, new_lp: torch.Tensor, units: float, experts=None,
+              prefix: SharedPrefix | None = None) -> tuple[torch.Tensor, LossStats, OffPolicyStats | None]:
         """PPO-clip against the behaviour policy, or decoupled with an off-policy correction;
         dual-clip and the KL penalty as the config says."""
         cfg = self.cfg
@@ -172,11 +192,12 @@ class Trainer:
             new_lp, mb.old_logprobs, mb.advantages, mb.loss_mask, cfg.clip_eps_low,
             cfg.clip_eps_high, cfg.loss_agg, kl_coef=cfg.kl_coef, num_units=units,
             prox_lp=prox, token_weight=rho, dual_clip=cfg.dual_clip,
-            ref_lp=self._reference_logprobs(mb, experts),
+            ref_lp=self._reference_logprobs(mb, experts, prefix),
         )
         return loss, st, off
 
-    def _reference_logprobs(self, mb: TrainBatch, experts) -> torch.Tensor | None:
+    def _reference_logprobs(self, mb: TrainBatch, experts,
+                            prefix: SharedPrefix | None = None) -> torch.Tensor | None:
         """The frozen initial model's logprobs of the targets (kl_reference = "initial" with a
         KL weight), routed through the same experts as the training forward; else None."""
         if self.cfg.kl_coef == 0 or self.cfg.kl_reference != "initial":
@@ -187,6 +208,8 @@ class Trainer:
         moe = getattr(self.model.config, "is_moe", False)
         with torch.no_grad(), self._autocast():
             kwargs = {"replay_experts": experts} if moe else {}
+            if prefix is not None:
+                kwargs["prefix"] = prefix
             logits = self.reference(mb.input_ids, **kwargs, **self._numerics())
         return token_logprobs(logits, mb.targets, self.temperature)
 
@@ -230,14 +253,16 @@ class Trainer:
             return tb.loss_mask.sum().item()
         return (tb.loss_mask.sum(dim=1) > 0).sum().item()
 
-    def _forward(self, mb: TrainBatch):
+    def _forward(self, mb: TrainBatch, prefix: SharedPrefix | None = None):
         """-> (logits [B, T, V], the router's own top-k and the experts the forward routed
         through (replayed or own), each [B, T, layers, k] or None, positions routed by the
-        trainer for want of a record)."""
+        trainer for want of a record). ``prefix``: mb is a suffix view over these prefixes."""
         replay, filled = self._replay_experts(mb)
         moe = getattr(self.model.config, "is_moe", False)
+        shared = {} if prefix is None else {"prefix": prefix}
         with self._autocast():
-            out = self.model(mb.input_ids, replay_experts=replay, return_experts=moe, **self._numerics())
+            out = self.model(mb.input_ids, replay_experts=replay, return_experts=moe, **shared,
+                             **self._numerics())
         logits, own = out if moe else (out, None)
         return logits, own, (own if replay is None else replay), filled
 

@@ -58,12 +58,12 @@ class ShardedTrainer(Trainer):
         padded.loss_mask[len(mine):] = 0
         return padded
 
-    def _forward(self, mb: TrainBatch):
+    def _forward(self, mb: TrainBatch, prefix=None):
         """Trainer's forward; the model's cached inference weights are dropped around it: they
         would point at gathered tensors FSDP frees after the forward."""
         self.model.drop_fused_weights()
         try:
-            return super()._forward(mb)
+            return super()._forward(mb, prefix)
         finally:
             self.model.drop_fused_weights()
 
