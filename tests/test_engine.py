@@ -381,3 +381,33 @@ def test_prefix_cache_is_dropped_on_weight_update(dense):
     (again,) = engine.generate([follow])
     assert engine.cached_tokens == before
     assert again.token_ids == naive_greedy(other, follow.prompt_ids, 5)
+
+
+@pytest.mark.parametrize("slots", [16, 5])
+@pytest.mark.parametrize("name", ["tiny", "tiny-moe"])
+def test_shared_prompts_prefill_once_and_change_no_bit(name, slots, dense, moe):
+    """GRPO-style waves (4 prompts x 4 seeded samples, shuffled, plus a 1-token prompt) give bit
+    for bit the tokens, logprobs and (MoE) experts of the engine without share_prompts, whether
+    a whole group fits in one admission (16 slots) or is cut across waves (5); with room, each
+    prompt is prefilled once and its copies prefill their last token only."""
+    model = dense if name == "tiny" else moe
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 250, (n,), generator=g).tolist() for n in (9, 23, 23, 40)]
+    prompts[2][-1] = (prompts[1][-1] + 1) % 250  # shares all but its last token with prompt 1
+    order = torch.randperm(16, generator=g).tolist()
+    requests = [GenerationRequest(prompts[i // 4], seed=100 + i, tag=i) for i in order]
+    requests.append(GenerationRequest([7], seed=99, tag=99))
+    kwargs = {"max_batch_size": slots, "max_seq_len": 96, "temperature": 1.0, "max_new_tokens": 12}
+    results = {}
+    for share in (True, False):
+        engine = engine_for(model, share_prompts=share, prefix_cache=False, **kwargs)
+        results[share] = ({r.tag: r for r in engine.generate(requests)}, engine)
+    (on, engine_on), (off, engine_off) = results[True], results[False]
+    assert on.keys() == off.keys() and len(on) == 17
+    for tag, r in on.items():
+        ref = off[tag]
+        assert (r.token_ids, r.logprobs, r.versions) == (ref.token_ids, ref.logprobs, ref.versions), tag
+        assert (r.experts, r.prompt_experts) == (ref.experts, ref.prompt_experts), tag
+    assert engine_on.prefill_tokens + engine_on.cached_tokens == engine_off.prefill_tokens
+    if slots == 16:
+        assert engine_on.prefill_tokens == sum(len(p) for p in prompts) + 12 + 1

@@ -97,6 +97,12 @@ class EngineConfig(Section):
     the whole context into the new observation. Prefixes match in whole blocks of 16 tokens.
     A parked cache in the way of an admission moves to an empty free slot, or is dropped if
     none is left; a weight update drops them all (their keys are of the old weights)."""
+    share_prompts: bool = True
+    """Requests admitted together with the same prompt (GRPO's group_size samples of a task)
+    prefill it once: the first of them prefills it, the others copy its keys/values and prefill
+    only the last prompt token (chunked prefill: in deterministic mode the same bits as their
+    own full prefill). On the default recipe a prompt is ~120 tokens and 8 samples share it;
+    prefill was about half of a rollout's generation time."""
     recompute_kv_on_reload: bool = True
     """On a weight update, recompute the KV cache of in-flight sequences with the new weights, so
     every token after the update is exactly what the new policy gives for its whole context (one

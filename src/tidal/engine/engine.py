@@ -199,6 +199,8 @@ class Engine:
         if not taken:
             return slots
         seqs = [self._sequence(request_id, req) for request_id, req in taken]
+        if self.cfg.share_prompts:
+            seqs = leaders_first(seqs)
         if self.cfg.prefix_cache:
             for slot, seq in zip(slots, seqs):
                 seq.cached = self._prefix.claim(slot, seq.request.prompt_ids, slots.stop)
@@ -224,15 +226,43 @@ class Engine:
         )
 
     def _prefill(self, slots: range) -> list[GenerationResult]:
-        """Prefill newly admitted (consecutive) slots and sample each one's first token."""
+        """Prefill newly admitted (consecutive) slots and sample each one's first token. With
+        share_prompts, slots whose prompt an earlier slot of the wave has (leaders_first put
+        them last) copy that slot's keys/values after it is prefilled and prefill one token."""
+        seqs = [self._running[s] for s in slots]
+        owner = _prompt_owners(seqs) if self.cfg.share_prompts else list(range(len(seqs)))
+        split = next((i for i, o in enumerate(owner) if o != i), len(seqs))
+        logits, experts = self._prefill_range(range(slots.start, slots.start + split))
+        if split < len(seqs):
+            for i in range(split, len(seqs)):
+                self._copy_prompt(slots.start + owner[i], slots.start + i, seqs[i])
+            more = self._prefill_range(range(slots.start + split, slots.stop))
+            logits = torch.cat((logits, more[0]))
+            experts = None if experts is None else torch.cat((experts, more[1]))
+        return self._record(self._make_batch(slots), logits, experts)
+
+    def _prefill_range(self, slots: range):
+        """prefill_forward over consecutive slots from each one's cached position."""
+        if not slots:
+            return torch.empty(0, self.model.config.vocab_size, device=self.device), None
         seqs = [self._running[s] for s in slots]
         lengths = [seq.prompt_len for seq in seqs]
         starts = [seq.cached for seq in seqs]
         self.cached_tokens += sum(starts)
         self.prefill_tokens += sum(lengths) - sum(starts)
-        logits, experts = prefill_forward(self.model, self._state, self.cfg, slots.start, lengths,
-                                          want_experts=self.is_moe, starts=starts)
-        return self._record(self._make_batch(slots), logits, experts)
+        return prefill_forward(self.model, self._state, self.cfg, slots.start, lengths,
+                               want_experts=self.is_moe, starts=starts)
+
+    def _copy_prompt(self, src: int, dst: int, seq: RunningSequence) -> None:
+        """Slot ``dst`` holds the keys/values (and MoE experts) of slot ``src``'s prompt but its
+        last token, which ``dst`` prefills itself."""
+        held = seq.prompt_len - 1
+        for kc, vc in zip(self.cache.k, self.cache.v):
+            kc[dst, :, :held] = kc[src, :, :held]
+            vc[dst, :, :held] = vc[src, :, :held]
+        if self._state.experts is not None:  # position p's experts sit at index p + 1
+            self._state.experts[dst, 1:held + 1] = self._state.experts[src, 1:held + 1]
+        seq.cached = held
 
     def _decode(self) -> list[GenerationResult]:
         """One token for every running sequence."""
@@ -373,3 +403,27 @@ def check_prompt(prompt_ids: list[int], max_seq_len: int, vocab_size: int) -> No
             f"prompt token ids must be in [0, {vocab_size}) for this model, "
             f"got ids from {low} to {high}"
         )
+
+
+def leaders_first(seqs: list[RunningSequence]) -> list[RunningSequence]:
+    """The wave's sequences with the first of each prompt (its leader) before every sequence
+    whose prompt an earlier one has, each part in arrival order: the followers then sit in one
+    consecutive run of slots after their leaders (Engine._prefill)."""
+    seen: set[tuple[int, ...]] = set()
+    leaders, followers = [], []
+    for seq in seqs:
+        key = tuple(seq.request.prompt_ids)
+        (followers if key in seen else leaders).append(seq)
+        seen.add(key)
+    return leaders + followers
+
+
+def _prompt_owners(seqs: list[RunningSequence]) -> list[int]:
+    """For each sequence the index of the first one with its prompt (itself if none earlier);
+    prompts of a single token have nothing to share and own themselves."""
+    first: dict[tuple[int, ...], int] = {}
+    owners = []
+    for i, seq in enumerate(seqs):
+        key = tuple(seq.request.prompt_ids)
+        owners.append(first.setdefault(key, i) if seq.prompt_len > 1 else i)
+    return owners
