@@ -25,6 +25,8 @@ BENCHMARKS = {
               "async vs sync RL on pinned cores: time to a held-out pass@1 target, utilisation, elastic pools, simulator error"),
     "trainer": ("tidal.bench.trainer_bench",
                 "FSDP2-sharded trainer at 1, 2, 4 processes: per-process memory, step time, loss vs one process"),
+    "rl": ("tidal.bench.rl_speed_bench",
+           "RL steps per minute of the default recipe, now vs before the speed work (shared prompts, in-flight updates)"),
     "multiturn": ("tidal.bench.multiturn_bench",
                   "multi-turn rollout time with the engine's prefix cache vs prefilling every turn"),
 }
