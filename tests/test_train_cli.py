@@ -44,7 +44,10 @@ def test_train_writes_metrics_summary_plot(tmp_path, tiny_ckpt, capsys):
     report = (run / "report.html").read_text()
     assert "No summary.json" not in report and "plot-workers" in report
     out = capsys.readouterr().out
-    assert "held-out pass@1 after RL" in out
+    best = max(evals, key=lambda e: e["heldout_pass1"])  # the first of equals
+    assert summary["best_step"] == best["step"] and summary["heldout_pass1_best"] == best["heldout_pass1"]
+    assert f"held-out pass@1, best checkpoint (step {best['step']})" in out  # the headline, as such
+    assert "held-out pass@1, final checkpoint (step 2)" in out
     resolved = summary["dtypes"]["model.dtype"]["resolved"]
     assert out.splitlines()[0].startswith(f"dtype: model auto -> {resolved}, trainer auto -> ")
     saved = load_config(run / "config.toml")  # the run's record: resolved, so a resume keeps them
