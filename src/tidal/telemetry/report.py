@@ -89,14 +89,15 @@ def build_plots(records: list[dict], summary: dict) -> list[Plot]:
     steps = plots.records_of(records, "step")
     evals = plots.records_of(records, "eval")
     spans = plots.records_of(records, "worker")
+    guards = plots.records_of(records, "guard")
     counts = plots.staleness_counts(steps)
     seconds = plots.worker_state_seconds(spans)
     return [
         Plot("plot-reward", "Training reward per step (faint), its running mean, and held-out pass@1 "
              "(the best checkpoint's evaluation starred; guard events dashed).",
-             plots.reward_figure(steps, evals, guards=plots.records_of(records, "guard")),
+             plots.reward_figure(steps, evals, guards=guards),
              f"Line chart of training reward over {len(steps)} steps and held-out pass@1 at "
-             f"{len(evals)} evaluations, against wall time.",
+             f"{len(evals)} evaluations, against wall time{marks_alt(evals, guards)}.",
              "No data: metrics.jsonl has no step or eval records yet."),
         Plot("plot-staleness", "How many policy versions behind the trainer each trained trajectory was.",
              plots.staleness_figure(steps, summary.get("max_staleness")),
@@ -116,6 +117,16 @@ def build_plots(records: list[dict], summary: dict) -> list[Plot]:
              "against wall time.",
              "No data: the step records have no gen_tokens_per_s or train_tokens_per_s."),
     ] + integrity_plots(steps, evals)
+
+
+def marks_alt(evals: list[dict], guards: list[dict]) -> str:
+    """What the reward plot marks, for its alt text: the best evaluation, the guard's events."""
+    best = plots.best_eval(evals)
+    out = f"; the best checkpoint's evaluation (step {best['step']}) starred" if best else ""
+    if guards:
+        events = ", ".join(f"{g['detector']} at step {g['step']}" for g in guards)
+        out += f"; {len(guards)} guard event{'s' if len(guards) > 1 else ''} ({events}) dashed"
+    return out
 
 
 def integrity_plots(steps: list[dict], evals: list[dict]) -> list[Plot]:
