@@ -36,6 +36,8 @@ def print_summary(summary: RunSummary, path: Path) -> None:
         print("best checkpoint: the highest of the run's held-out evaluations, so biased upward "
               f"(a maximum over noisy measurements): {s.best_checkpoint}")
     print(f"final checkpoint: {s.final_checkpoint}")
+    for event in (s.guard or {}).get("events", []):
+        print(event["message"])
     if s.guard and s.guard.get("stopped"):
         print(f"stopped by the guard: {s.guard['stopped']}")
     print(f"summary: {path}")
@@ -59,10 +61,8 @@ def headline_rows(s: RunSummary) -> list[tuple[str, str]]:
 
 
 def guard_rows(s: RunSummary) -> list[tuple[str, str]]:
-    """The guard's policy and what it did ("off": no row)."""
+    """The guard's policy and how often it acted ("off": no row); the events are printed below."""
     if not s.guard:
         return []
     events = s.guard.get("events", [])
-    seen = ", ".join(f"{e['detector']} at step {e['step']} ({e['action']})" for e in events) or "none"
-    return [(f"guard ({s.guard['policy']}): restores", str(s.guard.get("restores", 0))),
-            ("guard events", seen)]
+    return [(f"guard ({s.guard['policy']})", f"{len(events)} events, {s.guard.get('restores', 0)} restores")]
