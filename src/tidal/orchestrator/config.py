@@ -37,15 +37,25 @@ class GuardConfig(Section):
     heldout_min_drop: float = Field(0.05, ge=0, le=1)
     """...and by at least this much (a fraction: 0.05 = 5 points)."""
     collapse_steps: int = Field(3, ge=1)
-    """Training reward has collapsed after this many consecutive steps in which every reward was
-    the same (rollout reward_std 0) and every advantage 0 (train/adv_abs_mean 0) while the
-    training pass rate was below 1 (all solved is saturation, not collapse), once the run has
-    had a step with any reward spread (a model that never solves anything has not collapsed)."""
+    """Training reward has collapsed after at least this many consecutive steps in which every
+    reward was the same (rollout reward_std 0) and every advantage 0 (train/adv_abs_mean 0)
+    while the training pass rate was below 1 (all solved is saturation, not collapse), once the
+    run has had a step with any reward spread (a model that never solves anything has not
+    collapsed)..."""
+    collapse_chance: float = Field(1e-4, gt=0, lt=1)
+    """...and once steps that flat are this unlikely by chance at the recent pass rate p of
+    steps with spread (each step of n episodes: p^n + (1 - p)^n). With 64 episodes a step this
+    is at once; with 8 (a tiny test run) at p = 0.1, 11 steps."""
     window: int = Field(10, ge=2)
     """Steps whose values make a surge detector's recent level (median or mean)."""
     min_history: int = Field(5, ge=1)
     """A surge detector judges only once its window holds this many steps (at the start, and
     again after each restore)."""
+    noise_sigmas: float = Field(3.0, ge=0)
+    """A pass-rate crash or an invalid-output surge must also exceed this many binomial
+    standard errors of its recent level over the step's n episodes (the level smoothed as
+    (k + 1) / (n + 2)), so steps of few episodes are judged by their noise; with 64 episodes
+    the fixed thresholds below are the larger."""
     surge_steps: int = Field(2, ge=1)
     """A surge or crash fires after this many consecutive steps beyond its threshold (flagged
     steps do not enter the recent level)."""

@@ -67,40 +67,66 @@ def heldout_drop(best: BestCheckpoint, record: EvalRecord, tasks: int,
 
 
 class RewardCollapse:
-    """``collapse_steps`` steps in a row in which every reward was one value and every advantage
-    0 while the training pass rate was below 1, in a run that has had reward spread before."""
+    """At least ``collapse_steps`` steps in a row in which every reward was one value and every
+    advantage 0 while the training pass rate was below 1, as unlikely by chance as
+    ``collapse_chance`` at the recent pass rate of steps with reward spread (a run without such
+    steps has nothing that could collapse)."""
 
     name = "reward_collapse"
 
     def __init__(self, cfg: GuardConfig):
         self.cfg = cfg
-        self.had_signal = False
+        self.level: deque[float] = deque(maxlen=cfg.window)
+        """Pass rates of recent steps with reward spread; kept across resets."""
         self.dead = 0
+        self.chance = 1.0
 
     def reset(self) -> None:
-        self.dead = 0  # had_signal stays: the run had signal once
+        self.dead, self.chance = 0, 1.0
 
     def feed(self, record: StepRecord) -> Finding | None:
-        if record.trajectories == 0:
+        n = episodes(record)
+        if n == 0:
             return None  # nothing trained: no evidence either way
         r = record.rollout
         flat = r.reward_std == 0 and (record.train is None or record.train.adv_abs_mean == 0)
         if not flat:
-            self.had_signal, self.dead = True, 0
+            self.level.append(r.pass_rate)
+            self.reset()
             return None
-        self.dead = self.dead + 1 if r.pass_rate < 1 and self.had_signal else 0
-        if self.dead < self.cfg.collapse_steps:
+        if r.pass_rate >= 1 or not self.level:
+            self.reset()
             return None
-        return Finding(self.name, {"steps": self.dead, "reward": r.reward_mean, "pass_rate": r.pass_rate},
+        p = statistics.fmean(self.level)
+        self.dead += 1
+        self.chance *= p ** n + (1 - p) ** n
+        if self.dead < self.cfg.collapse_steps or self.chance >= self.cfg.collapse_chance:
+            return None
+        return Finding(self.name, {"steps": self.dead, "reward": r.reward_mean, "pass_rate": r.pass_rate,
+                                   "recent_pass_rate": p, "chance": self.chance},
                        f"every reward was {r.reward_mean:g} with zero advantage for {self.dead} "
-                       f"steps (training pass rate {r.pass_rate:.2f})")
+                       f"steps (training pass rate {r.pass_rate:.2f}, recently {p:.2f})")
+
+
+def episodes(record: StepRecord) -> int:
+    """Episodes the step's rollout figures are over."""
+    return sum(record.rollout.reasons.values()) or record.trajectories
+
+
+def binomial_noise(level: float, n: int, sigmas: float) -> float:
+    """``sigmas`` standard errors of a share near ``level`` over ``n`` episodes, the level
+    smoothed as (k + 1) / (n + 2) so a level of 0 or 1 still has noise."""
+    if n <= 0:
+        return math.inf
+    p = (level * n + 1) / (n + 2)
+    return sigmas * math.sqrt(p * (1 - p) / n)
 
 
 class Surge:
-    """A value judged against its recent level: ``flagged(value, window)`` for ``surge_steps``
-    steps in a row fires; flagged values stay out of the window."""
+    """A value judged against its recent level: ``flagged(value, window, n)`` (n: the step's
+    episodes) for ``surge_steps`` steps in a row fires; flagged values stay out of the window."""
 
-    def __init__(self, cfg: GuardConfig, flagged: Callable[[float, list[float]], bool]):
+    def __init__(self, cfg: GuardConfig, flagged: Callable[[float, list[float], int], bool]):
         self.cfg, self.flagged = cfg, flagged
         self.window: deque[float] = deque(maxlen=cfg.window)
         self.run: list[float] = []
@@ -109,9 +135,12 @@ class Surge:
         self.window.clear()
         self.run = []
 
-    def feed(self, value: float) -> list[float] | None:
+    def level(self) -> float:
+        return statistics.fmean(self.window) if self.window else 0.0
+
+    def feed(self, value: float, n: int = 0) -> list[float] | None:
         """The flagged run of values when it fires, else None."""
-        if len(self.window) >= self.cfg.min_history and self.flagged(value, list(self.window)):
+        if len(self.window) >= self.cfg.min_history and self.flagged(value, list(self.window), n):
             self.run.append(value)
             return list(self.run) if len(self.run) >= self.cfg.surge_steps else None
         self.run = []
@@ -120,25 +149,31 @@ class Surge:
 
 
 class PassCrash:
-    """The training pass rate ``pass_drop`` below its recent mean, ``surge_steps`` steps running."""
+    """The training pass rate below its recent mean by ``pass_drop`` (and by ``noise_sigmas``
+    standard errors), ``surge_steps`` steps running."""
 
     name = "pass_crash"
 
     def __init__(self, cfg: GuardConfig):
-        self.surge = Surge(cfg, lambda v, w: v < statistics.fmean(w) - cfg.pass_drop)
+        self.cfg = cfg
+        self.surge = Surge(cfg, lambda v, w, n: v < statistics.fmean(w) - self.margin(statistics.fmean(w), n))
+
+    def margin(self, level: float, n: int) -> float:
+        return max(self.cfg.pass_drop, binomial_noise(level, n, self.cfg.noise_sigmas))
 
     def reset(self) -> None:
         self.surge.reset()
 
     def feed(self, record: StepRecord) -> Finding | None:
-        if record.trajectories == 0:
+        n = episodes(record)
+        if n == 0:
             return None
-        level = statistics.fmean(self.surge.window) if self.surge.window else 0.0
-        run = self.surge.feed(record.rollout.pass_rate)
+        level = self.surge.level()
+        run = self.surge.feed(record.rollout.pass_rate, n)
         if run is None:
             return None
         return Finding(self.name, {"pass_rate": run, "recent_mean": level,
-                                   "threshold": level - self.surge.cfg.pass_drop},
+                                   "threshold": level - self.margin(level, n)},
                        "training pass rate crashed: " + " -> ".join(f"{v:.2f}" for v in run)
                        + f" against a recent mean of {level:.2f}")
 
@@ -151,13 +186,17 @@ def invalid_share(record: StepRecord, reasons: list[str]) -> float | None:
 
 
 class InvalidSurge:
-    """The share of invalid-output episodes ``invalid_rise`` above its recent mean."""
+    """The share of invalid-output episodes above its recent mean by ``invalid_rise`` (and by
+    ``noise_sigmas`` standard errors), ``surge_steps`` steps running."""
 
     name = "invalid_surge"
 
     def __init__(self, cfg: GuardConfig):
         self.cfg = cfg
-        self.surge = Surge(cfg, lambda v, w: v >= statistics.fmean(w) + cfg.invalid_rise)
+        self.surge = Surge(cfg, lambda v, w, n: v >= statistics.fmean(w) + self.margin(statistics.fmean(w), n))
+
+    def margin(self, level: float, n: int) -> float:
+        return max(self.cfg.invalid_rise, binomial_noise(level, n, self.cfg.noise_sigmas))
 
     def reset(self) -> None:
         self.surge.reset()
@@ -166,8 +205,8 @@ class InvalidSurge:
         share = invalid_share(record, self.cfg.invalid_reasons)
         if share is None:
             return None
-        level = statistics.fmean(self.surge.window) if self.surge.window else 0.0
-        run = self.surge.feed(share)
+        level = self.surge.level()
+        run = self.surge.feed(share, episodes(record))
         if run is None:
             return None
         return Finding(self.name, {"share": run, "recent_mean": level, "reasons": self.cfg.invalid_reasons},
@@ -182,7 +221,7 @@ class EntropySurge:
 
     def __init__(self, cfg: GuardConfig):
         self.cfg = cfg
-        self.surge = Surge(cfg, lambda v, w: v > cfg.entropy_floor
+        self.surge = Surge(cfg, lambda v, w, n: v > cfg.entropy_floor
                            and v > cfg.entropy_factor * statistics.median(w))
 
     def reset(self) -> None:
