@@ -347,3 +347,18 @@ def test_resume_keeps_the_best(tmp_path, ckpt, scripted_evals):  # noqa: F811
     assert scripted_evals == []
     assert summary.best_step == 2 and summary.heldout_pass1_best == 0.5
     assert summary.best_checkpoint == str(tmp_path / "checkpoints" / "step_000002")
+
+
+class Healthy(CollapsingWorker):
+    steps: ClassVar[set[int]] = set()
+
+
+def test_a_heldout_drop_restores_at_its_evaluation(tmp_path, ckpt, scripted_evals, restores):  # noqa: F811
+    scripted_evals += [0.1, 0.9, 0.0, 0.9]  # before, steps 2, 4, after (step 6)
+    cfg = cfg_with("--orchestrator.steps", "6", "--orchestrator.eval_every", "2", *SMALL)
+    summary = loop.run_rl(cfg, tmp_path, ckpt, progress=False, worker_cls=Healthy)
+    (event,) = records(tmp_path, "guard")
+    assert (event["step"], event["detector"], event["restored_step"]) == (4, "heldout_drop", 2)
+    assert event["evidence"]["best"] == 0.9 and event["evidence"]["threshold"] == pytest.approx(0.3)
+    assert [best.step for best, _ in restores] == [2]
+    assert summary.best_step == 2 and summary.guard["restores"] == 1
