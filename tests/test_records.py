@@ -15,8 +15,10 @@ from test_orchestrator import TINY, ckpt  # noqa: F401  (the module-scoped check
 from tidal.cli import main
 from tidal.orchestrator import loop
 from tidal.orchestrator.records import (
+    BestCheckpoint,
     EpisodeMeans,
     EvalRecord,
+    GuardEvent,
     RolloutMetrics,
     RunState,
     RunSummary,
@@ -54,6 +56,9 @@ and the shortest effective horizon."""
 WORKER_KEYS = {"end_s", "kind", "start_s", "state", "worker"}
 WORKER_FAILURE_KEYS = {"assignment", "error", "kind", "step", "wall_s", "worker"}
 MEMBERSHIP_KEYS = {"event", "kind", "pool", "requeued", "wall_s", "worker"}
+GUARD_KEYS = {"action", "detector", "evidence", "kind", "lr_scale", "message", "restored_step", "step",
+              "version", "wall_s"}
+"""A guard event (tidal.orchestrator.guard): written only when a detector fires."""
 INTEGRITY_KEYS = {f"integrity/{k}" for k in (
     "episodes", "flagged", "screened", "penalised", "graded", "visible_passes", "hidden_passes",
     "cheats", "canary_episodes", "canary_passes", "by_type", "flag_rate", "cheat_rate",
@@ -65,7 +70,7 @@ SUMMARY_KEYS = {
     "heldout_pass1_by_level_before", "heldout_samples_per_task", "heldout_tasks", "init_checkpoint",
     "kept_stale", "max_staleness", "max_staleness_seen", "num_workers", "numerics", "plot",
     "pretrain_budget_bound", "pretrain_s", "report", "rl_wall_s", "steps", "trajectories", "wall_s", "worker_busy_fraction",
-    "worker_failures",
+    "worker_failures", "heldout_pass1_best", "best_step", "best_checkpoint", "guard",
 }
 
 
@@ -176,6 +181,16 @@ def test_a_run_writes_exactly_the_pinned_keys(tmp_path, ckpt, monkeypatch):  # n
     assert set(RunSummary.__dataclass_fields__) == SUMMARY_KEYS
 
 
+def test_guard_event_keys_and_round_trip():
+    event = GuardEvent(5, "pass_crash", {"pass_rate": [0.1, 0.0]}, "restore", 0.5, 2, 6, 12.5, "guard: ...")
+    record = event.to_json()
+    assert set(record) == GUARD_KEYS and record["kind"] == "guard"
+    assert GuardEvent.from_json(json.loads(json.dumps(record))) == event
+    state = RunState(step=5, best=BestCheckpoint(2, 0.5, "/run/checkpoints/step_000002", 2),
+                     restores=1, restored_version=6, guard_events=[event])
+    assert RunState.from_checkpoint(state.to_checkpoint()) == state
+
+
 def test_membership_record_keys():
     from tidal.orchestrator.records import Membership
 
@@ -184,7 +199,8 @@ def test_membership_record_keys():
 
 
 @pytest.mark.parametrize("cls", [StepRecord, EvalRecord, WorkerSpan, WorkerFailure, RunSummary,
-                                 TrainStats, EpisodeMeans, RolloutMetrics, RunState])
+                                 TrainStats, EpisodeMeans, RolloutMetrics, RunState, GuardEvent,
+                                 BestCheckpoint])
 def test_every_field_is_documented(cls):
     import ast
     import inspect

@@ -21,11 +21,16 @@ from tidal.telemetry.tensorboard import TensorBoardLog
 PLOT_IDS = ("plot-reward", "plot-staleness", "plot-workers", "plot-throughput")
 SUMMARY = {"heldout_pass1_before": 0.25, "heldout_pass1_after": 0.625, "steps": 6, "trajectories": 48,
            "max_staleness": 2, "max_staleness_seen": 2, "dropped_stale": 3,
-           "worker_busy_fraction": 0.8125, "wall_s": 123.45}
+           "worker_busy_fraction": 0.8125, "wall_s": 123.45, "heldout_pass1_best": 0.5, "best_step": 4,
+           "best_checkpoint": "runs/a/checkpoints/step_000004", "final_checkpoint": "runs/a/checkpoints/step_000006"}
 # What the header must show for SUMMARY.
 SHOWN = {"heldout_pass1_before": "0.250", "heldout_pass1_after": "0.625", "steps": "6", "trajectories": "48",
          "max_staleness": "2", "max_staleness_seen": "2", "dropped_stale": "3",
-         "worker_busy_fraction": "81.2%", "wall_s": "123.5"}
+         "worker_busy_fraction": "81.2%", "wall_s": "123.5", "heldout_pass1_best": "0.500",
+         "best_checkpoint": "runs/a/checkpoints/step_000004", "final_checkpoint": "runs/a/checkpoints/step_000006"}
+GUARD = {"kind": "guard", "step": 5, "detector": "pass_crash", "evidence": {"pass_rate": [0.1, 0.0]},
+         "action": "restore", "lr_scale": 0.5, "restored_step": 4, "version": 6, "wall_s": 50.5,
+         "message": "guard: pass_crash at step 5: training pass rate crashed; restoring"}
 
 
 def step_record(step: int, hist: dict | None = None) -> dict:
@@ -54,7 +59,8 @@ def full_records() -> list[dict]:
     for step in range(1, 7):
         records.append(step_record(step, {"0": 4, "1": 3, "2": 1}))
         records.append({"kind": "eval", "step": step, "wall_s": 10.0 * step + 1,
-                        "heldout_pass1": 0.25 + 0.0625 * step, "label": f"step {step}"})
+                        "heldout_pass1": 0.25 + 0.0625 * min(step, 4), "label": f"step {step}"})
+    records.append(GUARD)
     t = 0.0
     for state, length in [("busy", 8.0), ("wait_weights", 1.0), ("busy", 9.0), ("wait_backpressure", 2.0),
                           ("busy", 30.0), ("idle", 10.0)]:
@@ -117,6 +123,12 @@ def test_report_renders_in_chromium(browser, tmp_path):
     assert browser.execute_script("return performance.getEntriesByType('resource').length") == 0
     for key, text in SHOWN.items():
         assert browser.find_element(By.CSS_SELECTOR, f'#summary td[data-key="{key}"]').text == text
+    headline = browser.find_element(By.CSS_SELECTOR, "#summary tr:first-child")
+    assert headline.text.startswith("held-out pass@1, best checkpoint (step 4)")
+    cells = browser.find_elements(By.CSS_SELECTOR, "#guard td")
+    assert [c.text for c in cells] == ["5", "pass_crash", "restore", "0.5", GUARD["message"]]
+    alt = browser.find_element(By.CSS_SELECTOR, "#plot-reward img").get_attribute("alt")
+    assert "best checkpoint's evaluation (step 4) starred" in alt and "1 guard event (pass_crash at step 5)" in alt
 
 
 def test_no_data_report_renders_in_chromium(browser, tmp_path):
@@ -128,6 +140,7 @@ def test_no_data_report_renders_in_chromium(browser, tmp_path):
     for plot_id in PLOT_IDS:
         assert "No data" in browser.find_element(By.ID, plot_id).text
     assert "No summary.json" in browser.find_element(By.ID, "summary").text
+    assert browser.find_elements(By.ID, "guard") == []  # no guard events: no table
 
 
 # ---- without a browser ----------------------------------------------------------------------
@@ -192,6 +205,8 @@ def test_tensorboard_scalars(tmp_path):
     assert [e.step for e in loss] == [1, 2, 3, 4, 5, 6]
     assert loss[1].value == pytest.approx(0.5)
     assert [e.step for e in acc.Scalars("eval/heldout_pass1")] == [0, 1, 2, 3, 4, 5, 6]
+    assert [(e.step, e.value) for e in acc.Scalars("guard/lr_scale")] == [(5, 0.5)]
+    assert [e.step for e in acc.Scalars("guard/pass_crash")] == [5] and "guard/restore" in tags
 
 
 # ---- `tidal report` -------------------------------------------------------------------------

@@ -44,7 +44,10 @@ def test_train_writes_metrics_summary_plot(tmp_path, tiny_ckpt, capsys):
     report = (run / "report.html").read_text()
     assert "No summary.json" not in report and "plot-workers" in report
     out = capsys.readouterr().out
-    assert "held-out pass@1 after RL" in out
+    best = max(evals, key=lambda e: e["heldout_pass1"])  # the first of equals
+    assert summary["best_step"] == best["step"] and summary["heldout_pass1_best"] == best["heldout_pass1"]
+    assert f"held-out pass@1, best checkpoint (step {best['step']})" in out  # the headline, as such
+    assert "held-out pass@1, final checkpoint (step 2)" in out
     resolved = summary["dtypes"]["model.dtype"]["resolved"]
     assert out.splitlines()[0].startswith(f"dtype: model auto -> {resolved}, trainer auto -> ")
     saved = load_config(run / "config.toml")  # the run's record: resolved, so a resume keeps them
@@ -78,3 +81,21 @@ def test_missing_checkpoint_is_one_clear_error(tmp_path, capsys):
     (bad / "config.json").write_text("{not json")
     assert main(["train", "--run-dir", str(tmp_path / "r"), "--model.init_from", str(bad)]) == 2
     assert "config.json" in capsys.readouterr().err
+
+
+def test_eval_of_a_run_dir_names_its_final_and_best_checkpoints(tmp_path, tiny_ckpt, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--run-dir", str(run), "--model.init_from", str(tiny_ckpt), *FAST]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    capsys.readouterr()
+    assert main(["eval", str(run), "--tasks", "2"]) == 0  # the run's own config.toml
+    out = json.loads(capsys.readouterr().out)
+    assert out["run_dir"] == str(run)
+    assert out["final"]["checkpoint"] == summary["final_checkpoint"] and out["final"]["step"] == 2
+    assert out["best"]["checkpoint"] == summary["best_checkpoint"]
+    assert out["best"]["step"] == summary["best_step"] and out["best"]["tasks"] == 2
+    (run / "summary.json").unlink()  # a run that has not finished: its latest checkpoint and best
+    assert main(["eval", str(run), "--tasks", "2"]) == 0
+    unfinished = json.loads(capsys.readouterr().out)
+    assert unfinished["final"]["checkpoint"] == summary["final_checkpoint"]
+    assert unfinished["best"]["checkpoint"] == summary["best_checkpoint"]

@@ -146,7 +146,8 @@ def test_tidal_train_runs_and_resumes_with_a_sharded_trainer(tmp_path):
     from tidal.model import build_model, save_pretrained
     from tidal.orchestrator.loop import run_rl
 
-    sharded = ("--trainer.sharding.processes", "2", "--trainer.sharding.timeout_s", "240")
+    sharded = ("--trainer.sharding.processes", "2", "--trainer.sharding.timeout_s", "240",
+               "--orchestrator.guard.policy", "stop")  # restore: single-process trainer only
     init = tmp_path / "init"
     save_pretrained(build_model(cfg_with().model, seed=0), init)
     run_rl(cfg_with("--orchestrator.steps", "1", *sharded), tmp_path / "run", init, progress=False)

@@ -162,32 +162,84 @@ def cmd_pretrain(args, rest) -> int:
 
 
 def cmd_eval(args, rest) -> int:
+    """Held-out pass@1 of a checkpoint folder, or of a run directory's final and best
+    checkpoints (each named, with its step; one evaluation when they are the same folder)."""
     import json
 
+    from tidal.env import from_config
+    from tidal.sandbox import Sandbox
+
+    target = Path(args.checkpoint)
+    named = run_checkpoints(target) if is_run_dir(target) else None
+    if named is not None and args.config is None and (target / "config.toml").is_file():
+        args.config = str(target / "config.toml")  # the run's own env, seeds and sampler
+    cfg = _load(args, rest)
+    env = from_config(cfg.env, Sandbox(cfg.env.sandbox))  # first: a bad env fails at once
+    if named is None:
+        print(json.dumps(evaluate_checkpoint(cfg, env, target, args.tasks), indent=2))
+        return 0
+    done: dict[str, dict] = {}
+    out = {}
+    for name, (path, step) in named.items():
+        result = done.get(path) or evaluate_checkpoint(cfg, env, Path(path), args.tasks)
+        done[path] = result
+        out[name] = {**result, "step": step}
+    print(json.dumps({"run_dir": str(target), **out}, indent=2))
+    return 0
+
+
+def is_run_dir(path: Path) -> bool:
+    """A tidal run directory (summary.json or checkpoints/), not a checkpoint folder."""
+    return path.is_dir() and not (path / "config.json").is_file() and (
+        (path / "summary.json").is_file() or (path / "checkpoints").is_dir())
+
+
+def run_checkpoints(run_dir: Path) -> dict[str, tuple[str, int]]:
+    """{"final": (folder, step), "best": (folder, step)} of a run: from summary.json, or, for a
+    run that has not finished, its latest checkpoint (as "final") and the best its state names."""
+    from tidal.config import ConfigError
+
+    summary_path = run_dir / "summary.json"
+    if summary_path.is_file():
+        s = json.loads(summary_path.read_text())
+        final = (s["final_checkpoint"], s["steps"])
+        if s.get("best_checkpoint") is None:  # a run from before the guard
+            return {"final": final}
+        return {"final": final, "best": (s["best_checkpoint"], s["best_step"])}
+    from tidal.trainer.checkpoint import TRAINER_STATE, _read_state, latest_checkpoint
+
+    latest = latest_checkpoint(run_dir)
+    if latest is None:
+        raise ConfigError(f"{run_dir} has no summary.json and no complete checkpoint: nothing to "
+                          "evaluate yet; pass a checkpoint folder instead")
+    state = _read_state(latest / TRAINER_STATE)["extra"].get("state", {})
+    named = {"final": (str(latest), int(state.get("step", 0)))}
+    if state.get("best"):
+        named["best"] = (state["best"]["path"], state["best"]["step"])
+    return named
+
+
+def evaluate_checkpoint(cfg, env, checkpoint: Path, tasks: int | None) -> dict:
+    """Held-out pass@1 (and the canaries' integrity) of one Hugging Face checkpoint folder."""
     import torch
 
     from tidal.engine.engine import Engine
-    from tidal.env import from_config
     from tidal.model import from_pretrained, load_tokenizer
     from tidal.orchestrator.evaluate import canary_metrics, eval_canaries, heldout_pass1
-    from tidal.sandbox import Sandbox
 
-    cfg = _load(args, rest)
     oc = cfg.orchestrator
-    env = from_config(cfg.env, Sandbox(cfg.env.sandbox))  # first: a bad env fails at once
-    model = from_pretrained(args.checkpoint, dtype=getattr(torch, cfg.model.dtype))
-    engine = Engine(model, load_tokenizer(args.checkpoint), cfg.engine)
-    tasks = env.sample_tasks(args.tasks or oc.heldout_tasks, oc.heldout_seed, True)
+    model = from_pretrained(checkpoint, dtype=getattr(torch, cfg.model.dtype))
+    engine = Engine(model, load_tokenizer(checkpoint), cfg.engine)
+    held = env.sample_tasks(tasks or oc.heldout_tasks, oc.heldout_seed, True)
     ic = cfg.env.integrity
-    result = heldout_pass1(engine, env, tasks, cfg.harness, oc.eval_samples_per_task, cfg.run.seed,
+    result = heldout_pass1(engine, env, held, cfg.harness, oc.eval_samples_per_task, cfg.run.seed,
                            min_confidence=ic.min_confidence)
-    canaries = eval_canaries(env, tasks, ic.eval_canaries, oc.heldout_seed)
+    canaries = eval_canaries(env, held, ic.eval_canaries, oc.heldout_seed)
     integrity = result["integrity"].add(canary_metrics(engine, env, canaries, cfg.harness,
                                                        cfg.run.seed, ic.min_confidence))
     result["integrity"] = integrity.to_json() if integrity.episodes else None
-    result["checkpoint"] = str(args.checkpoint)
-    print(json.dumps(result, indent=2))
-    return 0
+    result["checkpoint"] = str(checkpoint)
+    return result
 
 
 def cmd_report(args, rest) -> int:
@@ -219,8 +271,9 @@ def add_parsers(sub) -> None:
     pt.add_argument("--dry-run", action="store_true")
     pt.set_defaults(fn=cmd_pretrain)
 
-    e = sub.add_parser("eval", help="held-out pass@1 of a checkpoint")
-    e.add_argument("checkpoint", help="Hugging Face checkpoint folder")
+    e = sub.add_parser("eval", help="held-out pass@1 of a checkpoint, or of a run's final and best checkpoints")
+    e.add_argument("checkpoint", help="Hugging Face checkpoint folder, or a run directory (its final "
+                   "and best checkpoints, with the run's config.toml unless a config is given)")
     e.add_argument("config", nargs="?")
     e.add_argument("--tasks", type=int, help="held-out tasks (default orchestrator.heldout_tasks)")
     e.set_defaults(fn=cmd_eval)

@@ -37,6 +37,7 @@ import concurrent.futures as cf
 import copy
 import json
 import random
+import sys
 import threading
 import time
 from collections import Counter
@@ -50,12 +51,15 @@ from tidal.fleet.config import placement_of
 from tidal.fsutil import write_text_atomic
 from tidal.hardware import cpu_facts
 from tidal.integrity.policy import apply_policy
+from tidal.orchestrator import guard
 from tidal.orchestrator.evaluate import canary_metrics, eval_canaries, heldout_pass1
 from tidal.orchestrator.pool import FleetPool, LocalPool, OrchestratorError, worker_ids
 from tidal.orchestrator.ray_pool import RayPool
 from tidal.orchestrator.records import (
+    BestCheckpoint,
     EpisodeMeans,
     EvalRecord,
+    GuardEvent,
     Membership,
     RolloutMetrics,
     RunState,
@@ -108,14 +112,20 @@ def plan_step(cfg: TidalConfig, env: EnvironmentSpec, step: int, first_id: int,
 
 
 def staleness_gate(trajs: list[Trajectory], trainer_version: int, max_staleness: int,
-                   state: RunState, keep_stale: bool = False) -> tuple[list[Trajectory], Counter]:
+                   state: RunState, keep_stale: bool = False,
+                   floor: int = 0) -> tuple[list[Trajectory], Counter]:
     """Drop (and count) trajectories whose oldest token is more than max_staleness versions old;
     with ``keep_stale`` keep them for the off-policy-corrected loss, counted as kept_stale.
-    ``max_staleness_seen`` is the largest staleness in what is trained."""
+    ``max_staleness_seen`` is the largest staleness in what is trained. ``floor``: trajectories
+    with a token older than this version are dropped (and counted) whatever ``keep_stale`` says:
+    they were sampled by a policy the guard threw away (RunState.restored_version)."""
     kept, hist = [], Counter()
     for t in trajs:
         if not t.versions:  # nothing generated (an episode skipped as prompt_too_long)
             kept.append(t)
+            continue
+        if t.min_version < floor:
+            state.dropped_stale += 1
             continue
         staleness = trainer_version - t.min_version
         if staleness > max_staleness:
@@ -175,6 +185,7 @@ class Run:
         from tidal.sandbox import Sandbox
         from tidal.trainer.sharded.launch import make_trainer
 
+        guard.check_supported(cfg)  # before anything starts
         self.cfg, self.run_dir, self.progress = cfg, run_dir, progress
         self.init_checkpoint = str(init_checkpoint)
         oc = cfg.orchestrator
@@ -188,12 +199,19 @@ class Run:
         policy = from_pretrained(init_checkpoint, dtype=torch.float32)
         self.trainer = make_trainer(policy, with_decay(cfg.trainer, oc.steps), temperature=cfg.engine.temperature,
                                     numerics=cfg.engine.numerics)  # processes > 1: FSDP2 handle
+        self.fresh_optimizer = (copy.deepcopy(self.trainer.optimizer.state_dict())
+                                if hasattr(self.trainer, "optimizer") else None)
+        """The optimizer as built: what a restore of the model RL began from starts with."""
         serving = copy.deepcopy(policy).to(getattr(torch, cfg.model.dtype))
         self.eval_engine = Engine(serving, load_tokenizer(init_checkpoint), cfg.engine, version=0)
         self.env = from_config(cfg.env, Sandbox(cfg.env.sandbox))
         self.heldout = self.env.sample_tasks(oc.heldout_tasks, oc.heldout_seed, True)
         self.canaries = eval_canaries(self.env, self.heldout, cfg.env.integrity.eval_canaries,
                                       oc.heldout_seed)
+        self.guard = guard.Guard(oc.guard, len(self.heldout))
+        self.stopped: GuardEvent | None = None
+        """The guard event that ended RL (policy stop), if one did."""
+        self._saved_step: int | None = None
         self.store: WeightPublisher = open_weight_publisher(cfg, run_dir / "weights")
         self.state = RunState()
         self.before: EvalRecord | None = None
@@ -223,6 +241,7 @@ class Run:
 
         extra = {"state": self.state.to_checkpoint(), "rng": capture_rng_state(), "final": final}
         path = checkpoint_path(self.run_dir, self.state.step)
+        self._saved_step = self.state.step
         if hasattr(self.trainer, "save"):  # the sharded trainer: DCP shards + HF folder
             return self.trainer.save(path, extra)
         return save_checkpoint(self.trainer, path, extra)
@@ -265,7 +284,45 @@ class Run:
                             integrity=integrity if integrity.episodes else None)
         self._write(record)
         self.state.evals.append(record)
+        self._note_best(record)
         return record
+
+    def _note_best(self, record: EvalRecord) -> None:
+        """A new best held-out pass@1: remember it and, mid-run, save its checkpoint now (the
+        final save writes the "after" one; "before" is the model RL began from)."""
+        from tidal.trainer.checkpoint import checkpoint_path
+
+        best = self.state.best
+        if best is not None and record.heldout_pass1 <= best.heldout_pass1:
+            return
+        path = self.init_checkpoint if record.step == 0 else str(checkpoint_path(self.run_dir, record.step))
+        self.state.best = BestCheckpoint(record.step, record.heldout_pass1, path, record.version)
+        if record.step and record.label != "after":
+            self.save()
+
+    def _act_on(self, findings: list[guard.Finding]) -> None:
+        """A collapse the guard saw: restore the best checkpoint (publishing it as the next
+        version), stop RL, or only record it, as orchestrator.guard.policy says."""
+        if not findings:
+            return
+        s, gc = self.state, self.cfg.orchestrator.guard
+        action = self.guard.decide(s.restores)
+        if action == "restore":
+            s.restored_version = guard.restore(self.trainer, s.best, self.fresh_optimizer, gc.lr_factor)
+            s.restores += 1
+            self.store.publish(self.trainer.model, self.trainer.version)
+        lr_scale = getattr(self.trainer, "lr_scale", 1.0)
+        exhausted = gc.policy == "restore" and action == "stop"
+        message = guard.event_message(s.step, findings, action, s.best, lr_scale, exhausted)
+        event = GuardEvent(s.step, findings[0].detector, guard.evidence_of(findings), action, lr_scale,
+                           s.best.step if action == "restore" else None, self.trainer.version,
+                           time.time() - self.rl_start, message)
+        s.guard_events.append(event)
+        self._write(event)
+        print(message, file=sys.stderr, flush=True)
+        self.guard.reset()
+        if action == "stop":
+            self.stopped = event
 
     def make_pool(self) -> FleetPool:
         """One pool per fleet.pools entry (the default: one local pool of num_workers), each
@@ -306,6 +363,8 @@ class Run:
     def run(self) -> RunSummary:
         resumed = self.state.step > 0
         self.before = self.state.evals[0] if resumed else self.evaluate("before")
+        if self.state.best is None:  # resumed from a checkpoint written before the guard
+            self.state.best = BestCheckpoint(0, self.before.heldout_pass1, self.init_checkpoint, 0)
         self.store.publish(self.trainer.model, self.trainer.version)
         pool = self.make_pool()
         try:
@@ -351,7 +410,7 @@ class Run:
         trainer = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer")
         training: cf.Future | None = None
         try:
-            while self.state.step < oc.steps and time.time() - self.rl_start < oc.time_budget_s:
+            while self._more_steps() and time.time() - self.rl_start < oc.time_budget_s:
                 now = time.time()
                 self.state.member_s += sched.num_workers * (now - last)
                 last = now
@@ -369,7 +428,7 @@ class Run:
                 if training is not None and training.done():
                     record, training = training.result(), None
                     self._step_done(record, bar)
-                if training is None and sched.ready(self.state.step) and self.state.step < oc.steps:
+                if training is None and sched.ready(self.state.step) and self._more_steps():
                     training = trainer.submit(self._train_step, sched.take(self.state.step))
             if training is not None:  # the budget ran out while a step trained: finish it
                 self._step_done(training.result(), bar)
@@ -379,6 +438,10 @@ class Run:
         self.state.duplicates += sched.duplicates
         bar.close()
         self.state.rl_wall_s = time.time() - self.rl_start
+
+    def _more_steps(self) -> bool:
+        """Steps left to train, and the guard has not stopped the run."""
+        return self.state.step < self.cfg.orchestrator.steps and self.stopped is None
 
     def _follow_membership(self, pool: FleetPool, sched: Scheduler, now: float) -> None:
         """Workers that joined become schedulable; what a leaver held is queued again."""
@@ -424,14 +487,17 @@ class Run:
                 self._worker_span(span)
 
     def _step_done(self, record: StepRecord, bar) -> None:
-        """Progress, then the evaluation and checkpoint the config asks for after this step."""
+        """Progress, the guard, then the evaluation (and the guard on it) and checkpoint the
+        config asks for after this step (unless a new best just saved this step)."""
         oc = self.cfg.orchestrator
         bar.update(1)
         bar.set_postfix(reward=f"{record.rollout.reward_mean:.2f}", stale=self.state.max_staleness_seen,
                         heldout=f"{self.state.evals[-1].heldout_pass1:.2f}", refresh=False)
+        self._act_on(self.guard.after_step(record))
         if oc.eval_every and self.state.step % oc.eval_every == 0 and self.state.step < oc.steps:
-            self.evaluate(f"step {self.state.step}")
-        if oc.checkpoint_every and self.state.step % oc.checkpoint_every == 0:
+            evaluated = self.evaluate(f"step {self.state.step}")
+            self._act_on(self.guard.after_eval(evaluated, self.state.best))
+        if oc.checkpoint_every and self.state.step % oc.checkpoint_every == 0 and self._saved_step != self.state.step:
             self.save()
 
     def _train_step(self, step_results: list[RolloutResult]) -> StepRecord:
@@ -441,13 +507,15 @@ class Run:
         oc = self.cfg.orchestrator
         t0 = time.perf_counter()
         trajs = sorted((t for r in step_results for t in r.trajectories), key=lambda t: t.group_id)
-        trajs, hist = staleness_gate(trajs, self.trainer.version, oc.max_staleness, self.state, oc.keep_stale)
+        trajs, hist = staleness_gate(trajs, self.trainer.version, oc.max_staleness, self.state, oc.keep_stale,
+                                     self.state.restored_version)
         trajs = complete_groups(trajs, oc.group_size)
         # skipped episodes: counted, never trained; flagged ones as env.integrity.policy says
         trained, integrity = apply_policy([t for t in trajs if t.segments], self.cfg.env.integrity)
         stats = self.trainer.step(Batch(trained, self.trainer.version)) if trained else None
         t1 = time.perf_counter()
-        self.store.publish(self.trainer.model, self.trainer.version)
+        if self.store.latest_version() != self.trainer.version:  # a step that trained nothing: no new version
+            self.store.publish(self.trainer.model, self.trainer.version)
         t2 = time.perf_counter()
         self.state.step += 1
         self.state.trajectories += len(trajs)
@@ -466,7 +534,7 @@ class Run:
             self._write(WorkerSpan(span.worker, span.state, span.start - self.rl_start,
                                    span.end - self.rl_start))
 
-    def _write(self, record: StepRecord | EvalRecord | WorkerSpan | WorkerFailure) -> None:
+    def _write(self, record: StepRecord | EvalRecord | WorkerSpan | WorkerFailure | GuardEvent) -> None:
         """One metrics.jsonl line, mirrored to TensorBoard (which reads the same JSON form)."""
         line = record.to_json()
         with self._write_lock:  # the trainer's thread and the driver's both write
@@ -490,7 +558,18 @@ class Run:
             rl_wall_s=s.rl_wall_s, final_checkpoint=str(final_checkpoint),
             init_checkpoint=self.init_checkpoint, dtypes=self.cfg.dtype_choices(),
             cpu=cpu_facts().record(), numerics=numerics_record(self.cfg),
-            integrity=integrity_summary(self.cfg, s), fleet=self.fleet_summary())
+            integrity=integrity_summary(self.cfg, s), fleet=self.fleet_summary(),
+            heldout_pass1_best=s.best.heldout_pass1, best_step=s.best.step,
+            best_checkpoint=s.best.path, guard=self.guard_summary())
+
+    def guard_summary(self) -> dict | None:
+        """summary.json's ``guard`` (RunSummary.guard); None when the guard is off."""
+        if not self.guard.on:
+            return None
+        return {"policy": self.guard.cfg.policy, "restores": self.state.restores,
+                "events": [{k: v for k, v in e.to_json().items() if k != "kind"}
+                           for e in self.state.guard_events],
+                "stopped": None if self.stopped is None else self.stopped.message}
 
     def fleet_summary(self) -> dict:
         """summary.json's ``fleet`` (RunSummary.fleet)."""
@@ -534,10 +613,10 @@ def _tensorboard(run_dir: Path):
 
 def trim_metrics(path: Path, state: RunState) -> None:
     """Forget what a killed run logged after its last checkpoint: those steps will run again.
-    Reads the JSON form (StepRecord, EvalRecord, WorkerSpan, WorkerFailure) from disk."""
+    Reads the JSON form (StepRecord, EvalRecord, GuardEvent, WorkerSpan, WorkerFailure) from disk."""
     keep = []
     for r in read_metrics(path):
-        if r.get("kind") in ("step", "eval") and r.get("step", 0) > state.step:
+        if r.get("kind") in ("step", "eval", "guard") and r.get("step", 0) > state.step:
             continue
         if r.get("kind") == "eval" and r.get("label") == "after":
             continue

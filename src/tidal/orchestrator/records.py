@@ -9,6 +9,7 @@
         "worker"          WorkerSpan      a stretch of one worker's time (the report's timeline)
         "worker_failure"  WorkerFailure   a worker that raised or died, and what it was running
         "membership"      Membership      a worker joined or left the fleet (and what was re-queued)
+        "guard"           GuardEvent      the guard saw a collapse and what it did (restore, stop)
     summary.json          RunSummary      the run's result (``tidal train`` adds its wall times)
     checkpoints           RunState        what the loop tracks across steps, so a resume continues
 
@@ -255,6 +256,57 @@ class Membership:
 
 
 @dataclass
+class GuardEvent:
+    """The guard (tidal.orchestrator.guard) saw a collapse, and what the run did about it."""
+
+    step: int
+    """Steps trained when it was seen."""
+    detector: str
+    """The detector that fired first: "heldout_drop", "reward_collapse", "pass_crash",
+    "invalid_surge" or "entropy_surge"."""
+    evidence: dict[str, Any]
+    """The figures it judged (the value, its recent level, the threshold...); ``also``: the
+    other detectors that fired on the same record."""
+    action: str
+    """"restore", "stop" or "log" (orchestrator.guard.policy "log": recorded only)."""
+    lr_scale: float
+    """Trainer.lr_scale after the action (lowered by each restore)."""
+    restored_step: int | None
+    """For "restore": the step of the checkpoint restored (0 = the model RL began from)."""
+    version: int
+    """The policy version after the action (a restore publishes its weights as a new one)."""
+    wall_s: float
+    """RL wall time of the event."""
+    message: str
+    """One line saying what was seen and done, as printed."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "guard", **_plain(self)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> GuardEvent:
+        return cls(**{k: v for k, v in d.items() if k != "kind"})
+
+
+@dataclass
+class BestCheckpoint:
+    """The checkpoint with the highest held-out pass@1 so far (the guard restores it)."""
+
+    step: int
+    """Steps trained when it was measured (0: the model RL began from)."""
+    heldout_pass1: float
+    """Its held-out pass@1."""
+    path: str
+    """Its folder: the init checkpoint for step 0, else run_dir/checkpoints/step_NNNNNN (a
+    resumable trainer checkpoint, which nothing prunes)."""
+    version: int
+    """Its policy version."""
+
+    def to_json(self) -> dict[str, Any]:
+        return _plain(self)
+
+
+@dataclass
 class RunSummary:
     """summary.json: a run's result. ``run_rl`` fills the run's fields; ``tidal train`` adds the
     last five (None otherwise; wall_s also None for a resumed run, whose start is unknown)."""
@@ -326,6 +378,17 @@ class RunSummary:
     membership, workers ``joined`` and ``left``, assignments ``requeued`` when their worker left,
     ``duplicates`` dropped (results already back: never trained twice), and, where remote pools
     uploaded, what the coordinator refused."""
+    heldout_pass1_best: float | None = None
+    """Held-out pass@1 of the best checkpoint: the highest of the run's evaluations (before,
+    every eval_every, after), so a maximum over noisy measurements, biased upward."""
+    best_step: int | None = None
+    """The step of the best checkpoint (0 = the model RL began from)."""
+    best_checkpoint: str | None = None
+    """The best checkpoint's folder (``tidal eval RUN_DIR`` evaluates it beside the final one)."""
+    guard: dict[str, Any] | None = None
+    """The guard over the run: ``policy``, ``restores``, ``events`` (GuardEvent's JSON form,
+    without its kind) and ``stopped`` (the message of the event that stopped the run, or None);
+    None when orchestrator.guard.policy is "off"."""
 
     def to_json(self) -> dict[str, Any]:
         out = _plain(self, skip=("integrity", "fleet"))
@@ -367,6 +430,16 @@ class RunState:
     """Every held-out evaluation so far, "before" first."""
     integrity: IntegrityMetrics = field(default_factory=IntegrityMetrics)
     """Integrity of every trajectory trained so far (the run's totals)."""
+    best: BestCheckpoint | None = None
+    """The best checkpoint by held-out pass@1 so far (None before the first evaluation, and in
+    checkpoints written before the guard: the run then starts it again from "before")."""
+    restores: int = 0
+    """Times the guard restored the best checkpoint."""
+    restored_version: int = 0
+    """The version a restore published last (0: none): trajectories with a token older than it
+    come from the policy that was thrown away and are dropped (counted as dropped_stale)."""
+    guard_events: list[GuardEvent] = field(default_factory=list)
+    """Every guard event so far."""
 
     def worker_busy_fraction(self, num_workers: int) -> float:
         """Generating + grading time over the workers' combined time in the fleet (RL wall time
@@ -375,11 +448,17 @@ class RunState:
 
     def to_checkpoint(self) -> dict[str, Any]:
         """Plain data (no tidal classes), so a checkpoint loads whatever this module becomes."""
-        return {**_plain(self, skip=("evals", "integrity")), "evals": [e.to_json() for e in self.evals],
-                "integrity": self.integrity.to_json()}
+        return {**_plain(self, skip=("evals", "integrity", "best", "guard_events")),
+                "evals": [e.to_json() for e in self.evals], "integrity": self.integrity.to_json(),
+                "best": None if self.best is None else self.best.to_json(),
+                "guard_events": [e.to_json() for e in self.guard_events]}
 
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> RunState:
-        """(A checkpoint written before RunState kept integrity totals starts them at zero.)"""
+        """(A checkpoint written before RunState kept integrity totals starts them at zero; one
+        written before the guard has no best, restores or events.)"""
+        best = d.get("best")
         return cls(**{**d, "evals": [EvalRecord.from_json(e) for e in d["evals"]],
-                      "integrity": IntegrityMetrics.from_json(d.get("integrity", {}))})
+                      "integrity": IntegrityMetrics.from_json(d.get("integrity", {})),
+                      "best": None if best is None else BestCheckpoint(**best),
+                      "guard_events": [GuardEvent.from_json(e) for e in d.get("guard_events", [])]})

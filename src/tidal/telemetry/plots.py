@@ -69,8 +69,17 @@ def worker_state_seconds(spans: list[dict]) -> dict[int, dict[str, float]]:
     return dict(sorted(out.items()))
 
 
-def reward_figure(steps: list[dict], evals: list[dict], title: str = "") -> Figure | None:
-    """Training reward per step and smoothed, with held-out pass@1, over wall time."""
+def best_eval(evals: list[dict]) -> dict | None:
+    """The evaluation with the highest held-out pass@1, the first of equals (the run's best
+    checkpoint: a later evaluation replaces it only by scoring higher)."""
+    scored = [e for e in evals if e.get("heldout_pass1") is not None]
+    return max(scored, key=lambda e: e["heldout_pass1"]) if scored else None
+
+
+def reward_figure(steps: list[dict], evals: list[dict], title: str = "",
+                  guards: list[dict] = ()) -> Figure | None:
+    """Training reward per step and smoothed, with held-out pass@1 (the best checkpoint's
+    evaluation starred), over wall time; each guard event a dashed line with its detector."""
     if not steps and not evals:
         return None
     fig = Figure(figsize=FIGSIZE, dpi=DPI)
@@ -86,6 +95,15 @@ def reward_figure(steps: list[dict], evals: list[dict], title: str = "") -> Figu
     if evals:
         ax.plot(_values(evals, "wall_s"), _values(evals, "heldout_pass1"), "o-", color="tab:red",
                 label="held-out pass@1")
+        best = best_eval(evals)
+        if best is not None:
+            ax.plot([best["wall_s"]], [best["heldout_pass1"]], "*", color="gold", markersize=16,
+                    markeredgecolor="black", label=f"best checkpoint (step {best['step']})", zorder=5)
+    for i, g in enumerate(guards):
+        ax.axvline(g.get("wall_s", math.nan), color="black", linestyle="--", alpha=0.6,
+                   label="guard event" if i == 0 else None)
+        ax.annotate(f"{g['detector']}: {g['action']}", (g.get("wall_s", math.nan), 0.98),
+                    xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", fontsize=7)
     finite = [v for v in values if math.isfinite(v)]
     ax.set_ylim(min([0.0, *finite]), max([1.0, *finite]))
     ax.set_xlabel(WALL_LABEL)
@@ -217,7 +235,8 @@ def plot_run(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
     records = read_metrics(run_dir / "metrics.jsonl")
     title = f"tidal run: {run_dir.name}"
-    fig = reward_figure(records_of(records, "step"), records_of(records, "eval"), title)
+    fig = reward_figure(records_of(records, "step"), records_of(records, "eval"), title,
+                        records_of(records, "guard"))
     if fig is None:
         fig = Figure(figsize=FIGSIZE, dpi=DPI)
         fig.add_subplot().set_title(f"{title} (no steps or evals yet)")

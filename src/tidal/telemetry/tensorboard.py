@@ -3,7 +3,9 @@
 metrics.jsonl stays the record of truth; this is a live view of it (``tensorboard --logdir RUN_DIR``).
 Every numeric field of a step record becomes a scalar under its own name (``train/loss`` stays
 ``train/loss``); eval fields go under ``eval/`` so an eval's ``wall_s`` never lands on the same
-curve as a step's. The x value is ``record["step"]``. Other fields (dicts such as
+curve as a step's. A guard event (``kind = "guard"``) becomes ``guard/lr_scale`` and
+``guard/<detector>`` = 1 (its action: ``guard/restore``, ``guard/stop`` or ``guard/log`` = 1).
+The x value is ``record["step"]``. Other fields (dicts such as
 ``staleness_hist``, strings, nulls) and other kinds of record (worker spans) are not scalars and
 are skipped.
 """
@@ -17,8 +19,12 @@ _NOT_SCALARS = {"kind", "step", "label"}
 
 
 def scalars_of(record: dict) -> dict[str, float]:
-    """The TensorBoard tags and values of one metrics record (empty for kinds other than step/eval)."""
+    """The TensorBoard tags and values of one metrics record (empty for kinds other than
+    step, eval and guard)."""
     kind = record.get("kind")
+    if kind == "guard":
+        return {"guard/lr_scale": float(record["lr_scale"]), f"guard/{record['detector']}": 1.0,
+                f"guard/{record['action']}": 1.0}
     if kind not in ("step", "eval"):
         return {}
     prefix = "eval/" if kind == "eval" else ""
