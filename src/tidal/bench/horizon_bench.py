@@ -9,7 +9,12 @@ On the "ledger" family (tidal.envs.ledger: the steps of f are read early, in fil
 context windows before f is written), at each context window W:
 
     drill + mid-train once (cached; horizon_midtrain) ──> model before RL ──┬─> run_rl, summarize
+                                                                            ├─> run_rl, summarize_check
                                                                             └─> run_rl, truncate
+
+(the arms of ``--bench.modes``, default summarize and truncate; summarize_check is summarize
+with the dense summary reward, ``harness.summary_reward = "check"``: each summary's own check
+against the facts its context showed, credited to that summary's segment)
 
 Each arm is one run of tidal's own RL loop (``orchestrator.loop.Run``; horizon_runs): its
 "before" and "after" held-out evaluations give before_rl and summarize / truncate, and the
@@ -24,7 +29,9 @@ synchronous and in process (``orchestrator.backend = "local"``, one worker,
 see exactly the same kind of budget), one held-out sample per task, "fast" numerics (on 2 CPU
 cores the deterministic trainer forward takes 2x as long: an RL step of 16 episodes at window 384
 took 25.6 s against 15.1 s, and this benchmark measures what RL learns in a wall-clock budget),
-RL at lr 1e-4 without warm-up. Per window the benchmark sets ``engine.max_seq_len``,
+RL at lr 3e-4 after 2 warm-up steps, then constant (it was 1e-4 without warm-up: Adam moves
+each weight by about lr a step, so 6-9 steps moved the policy by ~1e-3 a weight and success not
+beyond the noise). Per window the benchmark sets ``engine.max_seq_len``,
 ``env.args`` (the window's LedgerConfig: its files sized by ``bench.horizon``; the other
 ledger settings are the user's ``env.args``) and ``harness`` (the family's settings, budgets
 twice what the expert needs; harness keys given apply on top, all but context_window and
@@ -85,7 +92,7 @@ READS = ("model", "engine", "env", "harness", "trainer", "pretrain", "orchestrat
 DEFAULTS = {
     "env.name": "ledger", "env.args.summary_slip_rate": 0.0,
     "engine.numerics": "fast", "engine.temperature": 1.0, "engine.max_new_tokens": 96,
-    "trainer.lr": 5e-4, "trainer.warmup_steps": 2, "trainer.lr_schedule": "constant",
+    "trainer.lr": 3e-4, "trainer.warmup_steps": 2, "trainer.lr_schedule": "constant",
     "trainer.micro_batch_size": 16, "harness.summary_reward_coef": 2.0,
     "orchestrator.backend": "local", "orchestrator.num_workers": 1, "orchestrator.max_staleness": 0,
     "orchestrator.tasks_per_step": 4, "orchestrator.group_size": 4,
@@ -98,9 +105,9 @@ DEFAULTS = {
     THREADS_KEY: 2,
 }
 """The benchmark's settings of the run config, beneath the recipe and the command line (see the
-module docstring): RL steps of 4 tasks x 4 episodes for 180 s at lr 5e-4 after 2 warm-up steps,
-held there (a wall-clock budget of ~10-15 steps ends long before a decay planned over
-orchestrator.steps), the dense summary reward (in the summarize_check arm) weighted 2 against
+module docstring): RL steps of 4 tasks x 4 episodes for 180 s at lr 3e-4 (the recipe's) after
+2 warm-up steps, held there (a wall-clock budget of ~10 steps ends long before a decay planned
+over orchestrator.steps), the dense summary reward (in the summarize_check arm) weighted 2 against
 the episode's group-normalised advantage, 32 held-out tasks; mid-training on
 the compared windows for 300 s at lr 3e-3 (the budget, not max_steps, ends it); perfect expert
 summaries in the demonstrations (env.args.summary_slip_rate 0); 2 torch threads for the
