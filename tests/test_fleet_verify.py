@@ -156,6 +156,10 @@ def test_token_counts_environment_tokens_and_rewards_are_checked(setup, honest):
     r.trajectories[0].reward = math.nan
     assert check(setup, r) == [(f"trajectory 0 (task {r.trajectories[0].task_id!r}): reward nan "
                                 "is not finite")]
+    r = fresh(honest)
+    r.trajectories[0].segments[0].reward = math.inf
+    assert check(setup, r) == [(f"trajectory 0 (task {r.trajectories[0].task_id!r}), segment 0: "
+                                "reward inf is not finite")]
 
 
 def test_a_flood_of_problems_is_capped(setup, honest):

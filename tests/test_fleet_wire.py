@@ -39,7 +39,7 @@ def hand_made() -> RolloutResult:
     seg = Segment(prompt_ids=[1, 2, 3], completion_ids=[4, 5, 6], logprobs=[-0.25, 0.0, -1e-9],
                   versions=[3, -1, 4], loss_mask=[1, 0, 1],
                   experts=[[[0, 1], [2, 3]], [[-1, -1], [-1, -1]], [[1, 2], [0, 3]]],
-                  prompt_experts=[[[3, 1], [0, 2]], [[2, 2], [1, 0]]])
+                  prompt_experts=[[[3, 1], [0, 2]], [[2, 2], [1, 0]]], reward=-0.375)
     finding = Finding("test_edit", "tests/test_f.py", (3, 9), "assert True  # é", 0.8125)
     traj = Trajectory(
         task_id="funcs-ü-1", group_id=5, segments=[seg, copy.deepcopy(seg)], reward=0.1 + 0.2,
@@ -65,6 +65,20 @@ def test_every_field_of_a_hand_made_result_round_trips():
     assert batch.results == [result, result]
     finding = batch.results[0].trajectories[0].integrity.findings[0]
     assert finding.lines == (3, 9) and isinstance(finding.lines, tuple)
+
+
+def test_a_batch_from_a_sender_before_segment_rewards_still_decodes():
+    """Segment.reward was added after format 1: a batch without it decodes, reward None; any
+    other missing field is still an error."""
+    d = _doc()
+    for seg in _traj(d)["segments"]:
+        del seg["reward"]
+    [result] = decode_results(json.dumps(d).encode()).results
+    assert [s.reward for s in result.trajectories[0].segments] == [None, None]
+    del _traj(d)["segments"][0]["loss_mask"]
+    with pytest.raises(WireError) as e:
+        decode_results(json.dumps(d).encode())
+    assert e.value.field == "results[0].trajectories[0].segments[0].loss_mask"
 
 
 def _default_fields(obj, path):

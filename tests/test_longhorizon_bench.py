@@ -17,9 +17,11 @@ from tidal.telemetry.metrics import read_metrics
 TOY = ["--bench.windows", "320", "--bench.horizon", "2.5", "--bench.demo_episodes", "4",
        "--bench.drill_s", "2", "--pretrain.time_budget_s", "2", "--orchestrator.steps", "1",
        "--orchestrator.tasks_per_step", "1", "--orchestrator.group_size", "2",
-       "--orchestrator.heldout_tasks", "2", f"--{THREADS_KEY}", "1"]
+       "--orchestrator.heldout_tasks", "2", f"--{THREADS_KEY}", "1",
+       "--bench.modes", "summarize,summarize_check,truncate"]
 """Episodes 2.5 windows long (long enough that a sliding window has dropped every step by the
-time f is written), seconds of mid-training, one RL step of 2 episodes per mode, 2 held-out tasks."""
+time f is written), seconds of mid-training, one RL step of 2 episodes per mode (all three), 2
+held-out tasks."""
 
 
 def toy_args(tmp: Path, runs: str, *extra: str) -> list[str]:
@@ -34,6 +36,7 @@ def toy(tmp_path_factory):
 
 
 def runs_of(result: dict) -> dict[str, Path]:
+    assert result["modes"] == list(MODES)
     return {mode: Path(result["by_window"]["320"][f"rl_{mode}"]["run_dir"]) for mode in MODES}
 
 
@@ -57,9 +60,11 @@ def test_the_figures_are_what_each_run_recorded(toy):
         assert w[f"rl_{mode}"]["steps"] == summary["steps"] == len(steps) == 1
         assert [c["success"] for c in w[f"rl_{mode}"]["curve"]] == [r["pass_rate"] for r in steps]
     # One window: each headline figure is that window's.
-    assert result["summarize"]["success"] == w["after_rl_summarize"]["success"]
-    assert result["truncate"]["success"] == w["after_rl_truncate"]["success"]
+    for mode in MODES:
+        assert result[mode]["success"] == w[f"after_rl_{mode}"]["success"]
     assert result["before_rl"]["success"] == w["before_rl_summarize"]["success"]
+    assert result["rl_gain_points"]["summarize_check"]["320"] == 100 * (
+        w["after_rl_summarize_check"]["success"] - w["before_rl_summarize_check"]["success"])
     assert result["summarize_minus_truncate_points"] == 100 * (w["after_rl_summarize"]["success"]
                                                                - w["after_rl_truncate"]["success"])
 
@@ -69,19 +74,22 @@ def test_both_modes_run_tidals_loop_with_one_config_but_the_mode(toy):
     _, result = toy
     configs = {m: tomllib.loads((d / "config.toml").read_text()) for m, d in runs_of(result).items()}
     for mode, c in configs.items():
-        assert c["harness"]["context_mode"] == mode and c["harness"]["context_window"] == 320
+        assert (c["harness"]["context_mode"], c["harness"]["summary_reward"]) == MODES[mode]
+        assert c["harness"]["context_window"] == 320
         assert c["env"]["name"] == "ledger" and c["env"]["args"]["num_files"] == result["by_window"]["320"]["num_files"]
         assert (c["orchestrator"]["backend"], c["orchestrator"]["max_staleness"]) == ("local", 0)
-        assert c["orchestrator"]["steps"] == 1 and c["trainer"]["lr"] == 1e-4  # the benchmark's DEFAULTS
+        assert c["orchestrator"]["steps"] == 1 and c["trainer"]["lr"] == horizon_bench.DEFAULTS["trainer.lr"]
         c["harness"].pop("context_mode")
-    assert configs["summarize"] == configs["truncate"]  # the same budget, tasks and algorithm
+        c["harness"].pop("summary_reward")
+    assert configs["summarize"] == configs["truncate"] == configs["summarize_check"]  # the same
+    # budget, tasks and algorithm
 
 
 @pytest.mark.slow
 def test_the_expert_succeeds_only_with_summaries(toy):
     _, result = toy
     w = result["by_window"]["320"]
-    assert w["expert_success"] == {"summarize": 1.0, "truncate": 0.0}  # the family's design
+    assert w["expert_success"] == {"summarize": 1.0, "summarize_check": 1.0, "truncate": 0.0}
     assert w["expert_effective_horizon"] > 2.0 and w["expert_resets"] >= 2
 
 
@@ -115,6 +123,9 @@ def test_budgets_are_labelled_by_what_ran():
     (["--env.name", "funcs"], "env.name must be 'ledger'"),
     (["--env.args.num_files", "9"], "env.args.num_files is chosen per window by --bench.horizon"),
     (["--bench.windows", "300,384"], "bench.windows: each must be >= 320"),
+    (["--bench.modes", "summarize,dense"], "unknown arm 'dense'"),
+    (["--bench.modes", "truncate"], "at least one of them summarize"),
+    (["--bench.modes", "summarize,summarize"], "give each arm once"),
 ])
 def test_settings_it_cannot_honour_are_one_clear_error(args, words):
     bench, cfg, _ = parse(horizon_bench, "horizon", args)

@@ -39,6 +39,11 @@ class Segment:
     prompt_experts: for MoE, the experts the engine's prefill chose at prompt positions
         0 .. len(prompt_ids) - 2, shape [len(prompt_ids) - 1][num_layers][k]; None when not
         recorded (the trainer then routes those positions itself, see trainer.router_replay).
+    reward: a dense reward for this segment's own tokens, in advantage units, beside the
+        episode's reward (self-summarization: harness.summary_reward_coef times the
+        environment's check of the summary that closes the segment); None = none (the default:
+        the segment is trained with its episode's advantage only). The trainer's collate adds
+        it, centred over the group's segments at the same index (trainer.grpo.segment_advantages).
     """
 
     prompt_ids: list[int]
@@ -48,6 +53,7 @@ class Segment:
     loss_mask: list[int]
     experts: list[list[list[int]]] | None = None
     prompt_experts: list[list[list[int]]] | None = None
+    reward: float | None = None
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)

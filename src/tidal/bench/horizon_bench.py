@@ -9,7 +9,12 @@ On the "ledger" family (tidal.envs.ledger: the steps of f are read early, in fil
 context windows before f is written), at each context window W:
 
     drill + mid-train once (cached; horizon_midtrain) ──> model before RL ──┬─> run_rl, summarize
+                                                                            ├─> run_rl, summarize_check
                                                                             └─> run_rl, truncate
+
+(the arms of ``--bench.modes``, default summarize and truncate; summarize_check is summarize
+with the dense summary reward, ``harness.summary_reward = "check"``: each summary's own check
+against the facts its context showed, credited to that summary's segment)
 
 Each arm is one run of tidal's own RL loop (``orchestrator.loop.Run``; horizon_runs): its
 "before" and "after" held-out evaluations give before_rl and summarize / truncate, and the
@@ -24,7 +29,9 @@ synchronous and in process (``orchestrator.backend = "local"``, one worker,
 see exactly the same kind of budget), one held-out sample per task, "fast" numerics (on 2 CPU
 cores the deterministic trainer forward takes 2x as long: an RL step of 16 episodes at window 384
 took 25.6 s against 15.1 s, and this benchmark measures what RL learns in a wall-clock budget),
-RL at lr 1e-4 without warm-up. Per window the benchmark sets ``engine.max_seq_len``,
+RL at lr 3e-4 after 2 warm-up steps, then constant (it was 1e-4 without warm-up: Adam moves
+each weight by about lr a step, so 6-9 steps moved the policy by ~1e-3 a weight and success not
+beyond the noise). Per window the benchmark sets ``engine.max_seq_len``,
 ``env.args`` (the window's LedgerConfig: its files sized by ``bench.horizon``; the other
 ledger settings are the user's ``env.args``) and ``harness`` (the family's settings, budgets
 twice what the expert needs; harness keys given apply on top, all but context_window and
@@ -65,12 +72,14 @@ from tidal.bench.config import (  # noqa: E402
     SEED_KEY,
     THREADS_KEY,
     IntList,
+    StrList,
     config_record,
     lookup,
     main,
     with_keys,
     with_preset,
 )
+from tidal.bench.horizon_runs import MODES  # noqa: E402
 from tidal.config import ConfigError, TidalConfig  # noqa: E402
 from tidal.envs.ledger.sizing import HORIZON  # noqa: E402
 from tidal.model.presets import PRESETS  # noqa: E402
@@ -83,7 +92,8 @@ READS = ("model", "engine", "env", "harness", "trainer", "pretrain", "orchestrat
 DEFAULTS = {
     "env.name": "ledger", "env.args.summary_slip_rate": 0.0,
     "engine.numerics": "fast", "engine.temperature": 1.0, "engine.max_new_tokens": 96,
-    "trainer.lr": 1e-4, "trainer.warmup_steps": 0, "trainer.micro_batch_size": 16,
+    "trainer.lr": 3e-4, "trainer.warmup_steps": 2, "trainer.lr_schedule": "constant",
+    "trainer.micro_batch_size": 16, "harness.summary_reward_coef": 2.0,
     "orchestrator.backend": "local", "orchestrator.num_workers": 1, "orchestrator.max_staleness": 0,
     "orchestrator.tasks_per_step": 4, "orchestrator.group_size": 4,
     "orchestrator.steps": 200, "orchestrator.time_budget_s": 180.0,
@@ -95,7 +105,10 @@ DEFAULTS = {
     THREADS_KEY: 2,
 }
 """The benchmark's settings of the run config, beneath the recipe and the command line (see the
-module docstring): RL steps of 4 tasks x 4 episodes for 180 s, 32 held-out tasks; mid-training on
+module docstring): RL steps of 4 tasks x 4 episodes for 180 s at lr 3e-4 (the recipe's) after
+2 warm-up steps, held there (a wall-clock budget of ~10 steps ends long before a decay planned
+over orchestrator.steps), the dense summary reward (in the summarize_check arm) weighted 2 against
+the episode's group-normalised advantage, 32 held-out tasks; mid-training on
 the compared windows for 300 s at lr 3e-3 (the budget, not max_steps, ends it); perfect expert
 summaries in the demonstrations (env.args.summary_slip_rate 0); 2 torch threads for the
 in-process worker's engine, as for the trainer; weights handed to the in-process worker through
@@ -119,6 +132,11 @@ class BenchSection(Section):
 
     windows: IntList = [384, 512]
     """Context windows compared, tokens (each >= 320: the head, a summary and a turn must fit)."""
+    modes: StrList = ["summarize", "truncate"]
+    """The arms run at each window, in order (at least one that summarizes): "summarize" (RL on
+    the episode's reward), "summarize_check" (the same plus the dense summary reward,
+    harness.summary_reward = "check", weighted by harness.summary_reward_coef), "truncate" (the
+    sliding window, the peer)."""
     horizon: float = Field(HORIZON, gt=1.0)
     """Files per task are chosen so the expert's episode is at least this many windows long."""
     preset: Literal[tuple(PRESETS)] = "tiny"
@@ -158,6 +176,12 @@ def bench_config(bench: BenchSection, cfg: TidalConfig) -> TidalConfig:
     if "num_files" in cfg.env.args:
         raise ConfigError("env.args.num_files is chosen per window by --bench.horizon (the "
                           "expert's episode length in windows); remove it")
+    unknown = [m for m in bench.modes if m not in MODES]
+    if unknown:
+        raise ConfigError(f"bench.modes: unknown arm {unknown[0]!r}; choose from {', '.join(MODES)}")
+    if not any(MODES[m][0] == "summarize" for m in bench.modes) or len(set(bench.modes)) < len(bench.modes):
+        raise ConfigError(f"bench.modes: give each arm once, at least one of them summarize or "
+                          f"summarize_check (got {bench.modes})")
     if min(bench.windows) < 320:
         raise ConfigError(f"bench.windows: each must be >= 320 (got {bench.windows})")
     longest = max(bench.windows)
@@ -190,7 +214,8 @@ def run_horizon_bench(bench: BenchSection, cfg: TidalConfig, json_path: str | Pa
         model_dir, mid = midtrain(bench, cfg, windows, harness, progress)
     log(f"mid-trained model {model_dir}: {mid}")
     runs_dir = Path(bench.runs_dir or f"runs/horizon-{time.strftime('%Y%m%d-%H%M%S')}")
-    by_window = [run_window(cfg, lw, harness, model_dir, runs_dir, progress, log) for lw in windows]
+    by_window = [run_window(cfg, lw, harness, model_dir, runs_dir, progress, log, bench.modes)
+                 for lw in windows]
     result = summarize_result(bench, cfg, by_window, mid, runs_dir, time.perf_counter() - t0)
     result["config"]["harness"] = {"given": given_harness}  # each run's: by_window[W]["harness"]
     print_table(result)
@@ -201,22 +226,30 @@ def run_horizon_bench(bench: BenchSection, cfg: TidalConfig, json_path: str | Pa
 
 def summarize_result(bench: BenchSection, cfg: TidalConfig, windows: list[dict], mid: dict,
                      runs_dir: Path, wall_s: float) -> dict:
-    """The JSON: headline keys are means over the windows; ``by_window`` holds each one."""
+    """The JSON: headline keys are means over the windows (one per mode run); ``by_window`` holds
+    each window; ``rl_gain_points`` is after minus before RL, per summarizing mode and window."""
 
     def mean(key: str, field: str = "success") -> float:
         return statistics.mean(w[key][field] for w in windows)
 
-    summarize = mean("after_rl_summarize")
-    truncate = mean("after_rl_truncate")
-    return {
-        "summarize": {"success": summarize, "effective_horizon": mean("after_rl_summarize", "effective_horizon")},
-        "truncate": {"success": truncate, "effective_horizon": mean("after_rl_truncate", "effective_horizon")},
-        "before_rl": {"success": mean("before_rl_summarize"),
-                      "truncate_success": mean("before_rl_truncate")},
-        "effective_horizon": min(min(w["after_rl_summarize"]["effective_horizon"],
+    summarizing = [m for m in bench.modes if MODES[m][0] == "summarize"]
+    first = summarizing[0]
+    out = {mode: {"success": mean(f"after_rl_{mode}"),
+                  "effective_horizon": mean(f"after_rl_{mode}", "effective_horizon")}
+           for mode in bench.modes}
+    out["before_rl"] = {"success": mean(f"before_rl_{first}")}
+    if "truncate" in bench.modes:
+        out["before_rl"]["truncate_success"] = mean("before_rl_truncate")
+        out["summarize_minus_truncate_points"] = 100 * (out[first]["success"] - out["truncate"]["success"])
+    out["rl_gain_points"] = {mode: {str(w["window"]): 100 * (w[f"after_rl_{mode}"]["success"]
+                                                             - w[f"before_rl_{mode}"]["success"])
+                                    for w in windows} for mode in summarizing}
+    return out | {
+        "effective_horizon": min(min(w[f"after_rl_{first}"]["effective_horizon"],
                                      w["expert_effective_horizon"]) for w in windows),
-        "summarize_minus_truncate_points": 100 * (summarize - truncate),
-        "targets": {"effective_horizon": 10.0, "summarize_minus_truncate_points": 25.0},
+        "targets": {"effective_horizon": 10.0, "summarize_minus_truncate_points": 25.0,
+                    "rl_gain_points": 15.0},
+        "modes": bench.modes,
         "windows": bench.windows,
         "by_window": {str(w["window"]): w for w in windows},
         "midtrain": mid,
@@ -248,18 +281,23 @@ def budget_label(bench: BenchSection, cfg: TidalConfig) -> str:
 
 
 def print_table(r: dict) -> None:
+    modes = r["modes"]
     print(f"\nledger family, success on held-out tasks ({r['budget']} budgets; runs in {r['runs_dir']})")
-    print(f"{'window':>7} {'files':>6} {'before RL':>10} {'summarize':>10} {'truncate':>9} "
-          f"{'diff pts':>9} {'horizon':>8} {'RL steps (s/t)':>15}")
+    print(f"{'window':>7} {'files':>6} {'before RL':>10} " + " ".join(f"{m:>16}" for m in modes)
+          + f" {'horizon':>8}  RL steps")
     for key, w in r["by_window"].items():
-        s, t = w["after_rl_summarize"]["success"], w["after_rl_truncate"]["success"]
-        print(f"{key:>7} {w['num_files']:>6} {w['before_rl_summarize']['success']:>10.2f} "
-              f"{s:>10.2f} {t:>9.2f} {100 * (s - t):>9.1f} "
-              f"{w['after_rl_summarize']['effective_horizon']:>8.1f} "
-              f"{w['rl_summarize']['steps']:>7}/{w['rl_truncate']['steps']}")
-    print(f"mean: summarize {r['summarize']['success']:.2f}, truncate {r['truncate']['success']:.2f}, "
-          f"before RL {r['before_rl']['success']:.2f}; effective horizon (min) "
-          f"{r['effective_horizon']:.1f}x the window (targets: >= 10x, >= 25 points)")
+        first = next(m for m in modes if m != "truncate")
+        print(f"{key:>7} {w['num_files']:>6} {w[f'before_rl_{first}']['success']:>10.2f} "
+              + " ".join(f"{w[f'after_rl_{m}']['success']:>16.2f}" for m in modes)
+              + f" {w[f'after_rl_{first}']['effective_horizon']:>8.1f}  "
+              + "/".join(str(w[f"rl_{m}"]["steps"]) for m in modes))
+    gains = "; ".join(f"{m} " + ", ".join(f"{g:+.1f}" for g in by_w.values())
+                      for m, by_w in r["rl_gain_points"].items())
+    print(f"RL gain, points per window: {gains} (target >= +15 at each window)")
+    if "summarize_minus_truncate_points" in r:
+        print(f"summarize minus truncate {r['summarize_minus_truncate_points']:.1f} points "
+              f"(target >= 25); effective horizon (min) {r['effective_horizon']:.1f}x the window "
+              f"(target >= 10x)")
 
 
 if __name__ == "__main__":

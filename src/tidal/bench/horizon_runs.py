@@ -1,9 +1,10 @@
 """The horizon benchmark's RL: one run of tidal's own loop per window and mode, and what it recorded.
 
-    for each window W, for mode in (summarize, truncate):
+    for each window W, for mode in bench.modes (summarize, summarize_check, truncate: MODES):
         the run config  = the benchmark's, with engine.max_seq_len = W, env.args = the window's
                           LedgerConfig, harness = the family's at W in this mode (harness_for,
-                          budgets twice the expert's) with the harness keys the user gave on top
+                          budgets twice the expert's) with the harness keys the user gave on top,
+                          and harness.summary_reward = "check" in summarize_check
         Run(config, runs_dir/W<W>-<mode>, the mid-trained model).run()     (orchestrator.loop)
             "before" evaluation: orchestrator.heldout_tasks held-out tasks (heldout_seed)
             RL until orchestrator.steps or orchestrator.time_budget_s, whichever comes first
@@ -12,8 +13,9 @@
 
 The figures are read back from what each run wrote (its EvalRecords and step records in
 metrics.jsonl, its summary.json), so the benchmark reports the runs, never a second computation.
-Both modes start from the same model with the same config but for ``harness.context_mode``,
-so they get the same algorithm, the same step and wall-clock budget and the same held-out tasks.
+Every mode starts from the same model with the same config but for ``harness.context_mode`` and
+``harness.summary_reward``, so they get the same algorithm, the same step and wall-clock budget
+and the same held-out tasks.
 """
 
 from __future__ import annotations
@@ -29,9 +31,13 @@ from tidal.envs.ledger.sizing import LedgerWindow
 from tidal.harness import HarnessConfig
 from tidal.orchestrator.records import EvalRecord
 
-MODES = ("summarize", "truncate")
-BENCH_HARNESS_KEYS = ("context_window", "context_mode")
-"""Harness keys the benchmark sets itself (the window it compares, the mode it compares)."""
+MODES = {"summarize": ("summarize", "off"), "summarize_check": ("summarize", "check"),
+         "truncate": ("truncate", "off")}
+"""The arms a window may run (bench.modes) -> (harness.context_mode, harness.summary_reward):
+self-summarization trained by the episode's reward only, the same with the dense summary reward
+(the environment's check of each summary, tidal.harness.config), and the sliding window."""
+BENCH_HARNESS_KEYS = ("context_window", "context_mode", "summary_reward")
+"""Harness keys the benchmark sets itself (the window it compares, the arm it runs)."""
 
 
 def harness_keys(cfg: TidalConfig) -> dict:
@@ -46,10 +52,12 @@ def run_harness(given: dict) -> Callable[[HarnessConfig], HarnessConfig]:
 
 def run_config(cfg: TidalConfig, lw: LedgerWindow, mode: str,
                harness: Callable[[HarnessConfig], HarnessConfig]) -> TidalConfig:
-    """The run config of window ``lw`` in ``mode``."""
+    """The run config of window ``lw`` in ``mode`` (an arm of MODES)."""
+    context_mode, summary_reward = MODES[mode]
+    run_harness = harness(lw.harness(context_mode)).model_copy(update={"summary_reward": summary_reward})
     return with_keys(cfg, {"engine.max_seq_len": lw.window, "env.name": "ledger",
                            "env.args": lw.ledger.model_dump(mode="json"),
-                           "harness": harness(lw.harness(mode)).model_dump(mode="json")})
+                           "harness": run_harness.model_dump(mode="json")})
 
 
 def run_dir_of(runs_dir: Path, window: int, mode: str) -> Path:
@@ -92,13 +100,21 @@ def mode_figures(run_dir: Path, expert: dict) -> dict:
     evals = {r["label"]: EvalRecord.from_json(r) for r in records if r["kind"] == "eval"}
     summary = json.loads((run_dir / "summary.json").read_text())
     curve = [{"step": r["step"], "wall_s": r["wall_s"], "success": r["pass_rate"],
-              "loss": r.get("train/loss"), "kl": r.get("train/kl")}
+              **{key: r.get(f"train/{key}") for key in CURVE_TRAIN_KEYS},
+              **{key: r.get(key) for key in CURVE_STEP_KEYS}}
              for r in records if r["kind"] == "step"]
     return {"before": eval_figures(evals["before"]), "after": eval_figures(evals["after"]),
             "rl": {"run_dir": str(run_dir), "steps": summary["steps"], "wall_s": summary["rl_wall_s"],
                    "curve": curve},
             "expert": {"success": expert["pass1"], "effective_horizon": expert["episode"]["effective_horizon"],
                        "resets": expert["episode"]["resets"]}}
+
+
+CURVE_TRAIN_KEYS = ("loss", "kl", "entropy", "grad_norm", "lr", "adv_abs_mean", "clip_frac")
+"""The trainer's statistics each step of the curve keeps (its record's ``train/<key>``)."""
+CURVE_STEP_KEYS = ("reward_mean", "reward_std", "generate_s", "train_s", "step_time_s")
+"""The step record's own figures the curve keeps: the rollouts' rewards (reward_std 0 = no
+signal) and where the step's time went."""
 
 
 def eval_figures(ev: EvalRecord) -> dict:
@@ -111,22 +127,23 @@ def eval_figures(ev: EvalRecord) -> dict:
 
 
 def run_window(cfg: TidalConfig, lw: LedgerWindow, harness, model_dir: Path, runs_dir: Path,
-               progress: bool, log) -> dict:
-    """Both modes' runs at window ``lw``: the JSON's ``by_window`` entry."""
-    modes, configs = {}, {mode: run_config(cfg, lw, mode, harness) for mode in MODES}
-    for mode in MODES:
+               progress: bool, log, arms: list[str]) -> dict:
+    """The runs of the ``arms`` (MODES' names) at window ``lw``: the JSON's ``by_window`` entry."""
+    modes, configs = {}, {mode: run_config(cfg, lw, mode, harness) for mode in arms}
+    for mode in arms:
         run_dir = run_dir_of(runs_dir, lw.window, mode)
         modes[mode] = run_mode(configs[mode], run_dir, model_dir, progress)
         m = modes[mode]
         log(f"W={lw.window} {mode}: before RL {m['before']['success']:.2f}, after "
             f"{m['rl']['steps']} RL steps {m['after']['success']:.2f}, expert {m['expert']['success']:.2f}"
             f" ({run_dir})")
+    summarizing = next(mode for mode in arms if MODES[mode][0] == "summarize")
     out = {"window": lw.window, "num_files": lw.ledger.num_files,
-           "expert_effective_horizon": modes["summarize"]["expert"]["effective_horizon"],
-           "expert_resets": modes["summarize"]["expert"]["resets"],
-           "expert_success": {mode: modes[mode]["expert"]["success"] for mode in MODES},
-           "harness": {mode: configs[mode].harness.model_dump(mode="json") for mode in MODES}}
-    for mode in MODES:
+           "expert_effective_horizon": modes[summarizing]["expert"]["effective_horizon"],
+           "expert_resets": modes[summarizing]["expert"]["resets"],
+           "expert_success": {mode: modes[mode]["expert"]["success"] for mode in arms},
+           "harness": {mode: configs[mode].harness.model_dump(mode="json") for mode in arms}}
+    for mode in arms:
         out |= {f"before_rl_{mode}": modes[mode]["before"], f"rl_{mode}": modes[mode]["rl"],
                 f"after_rl_{mode}": modes[mode]["after"]}
     return out

@@ -56,6 +56,14 @@ class Environment(ABC):
         credit. Default: no reward."""
         return StepResult("", 0.0, True, {"reason": reason})
 
+    def check_summary(self, context: str, summary: str) -> float | None:
+        """The environment's own check of a self-summary: how well ``summary`` (the text the model
+        wrote, without the closing tag) carries the facts ``context`` (the decoded context it
+        summarises, before the summary request) showed, a score in [0, 1] (1 = every fact, right).
+        The harness asks only with ``harness.summary_reward = "check"`` and makes the score a dense
+        reward of the summary's segment. None = no check (the default)."""
+        return None
+
     def evidence(self):
         """What the episode left behind for integrity checking (``tidal.integrity.records.
         Evidence``: workspace before and after, actions, the sandbox trace, the grader's

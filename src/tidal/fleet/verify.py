@@ -99,6 +99,8 @@ def _trajectory(i: int, t: Trajectory, lo: int, hi: int) -> list[str]:
     faults = _TokenFaults(where, lo, hi)
     for s, seg in enumerate(t.segments):
         shape = _segment_shape(seg)
+        if seg.reward is not None and not math.isfinite(seg.reward):
+            out.append(f"{where}, segment {s}: reward {seg.reward} is not finite")
         if shape:
             out.append(f"{where}, segment {s}: {shape}")
             continue

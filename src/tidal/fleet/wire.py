@@ -37,9 +37,13 @@ from typing import Any
 
 from tidal.errors import UserError
 from tidal.orchestrator.worker import Assignment, RolloutResult
+from tidal.types import Segment
 
 WIRE_FORMAT = 1
 """Version of the batch document; a reader refuses another."""
+ADDED_FIELDS: dict[type, set[str]] = {Segment: {"reward"}}
+"""Fields added to a dataclass after format 1 was fixed: a batch from an older sender lacks them,
+and they take their default (every other missing field is a WireError)."""
 
 
 class WireError(UserError):
@@ -131,8 +135,10 @@ def _decode(value: Any, tp: Any, path: str) -> Any:
 
 def _decode_dataclass(value: Any, cls: type, path: str) -> Any:
     hints = _hints(cls)
-    _keys(value, path, set(hints))
-    kwargs = {name: _decode(value[name], tp, f"{path}.{name}") for name, tp in hints.items()}
+    absent = ADDED_FIELDS.get(cls, set()) - value.keys() if isinstance(value, dict) else set()
+    _keys(value, path, set(hints) - absent)
+    kwargs = {name: _decode(value[name], tp, f"{path}.{name}") for name, tp in hints.items()
+              if name not in absent}
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as e:  # the dataclass's own invariant (Segment, Finding)

@@ -22,6 +22,17 @@ class HarnessConfig(Section):
     max_turn_tokens, would not fit)."""
     summary_max_tokens: int = Field(64, ge=1)
     """Longest summary the model may write, tokens (room for it is always kept free)."""
+    summary_reward: Literal["off", "check"] = "off"
+    """A dense reward for each summary (summarize mode): "check" = the environment's check of the
+    summary against the facts its context showed (``Environment.check_summary``, a score in
+    [0, 1]), times summary_reward_coef, is attached to the segment the summary closes
+    (``Segment.reward``), so the trainer credits that summary's tokens beside the episode's
+    advantage (trainer.grpo.segment_advantages). "off" = summaries are trained by the episode's
+    reward only. Environments without a check attach nothing either way."""
+    summary_reward_coef: float = Field(1.0, ge=0)
+    """Weight of the summary check's score in a segment's advantage, advantage units per unit of
+    score (the episode's advantage is about 1 in size: group-normalised). The ledger family's
+    check drops by 1/n for each of n facts a summary gets wrong."""
     truncate_keep: float = Field(0.5, gt=0.0, lt=1.0)
     """Sliding window: after a cut the context holds at most this fraction of the window (the
     head plus the newest whole turns that fit)."""

@@ -9,7 +9,11 @@
     until done, or the turn / token budget runs out (env.end(reason) gives the final reward)
 
 The trajectory is a chain of segments, one per context window; each is trained with the episode's
-advantage (the trainer's collate repeats a trajectory's advantage on each of its rows).
+advantage (the trainer's collate repeats a trajectory's advantage on each of its rows). With
+``harness.summary_reward = "check"`` the environment also checks each summary against the facts
+its context showed (``Environment.check_summary``), and the score, weighted, becomes the dense
+reward of the segment the summary closes (``Segment.reward``): credit that reaches that summary's
+tokens instead of the one episode advantage spread over every segment.
 
 A task whose head does not fit (with room for a turn and a summary) is skipped, not an error:
 the episode ends at once with reason ``PROMPT_TOO_LONG``, reward 0 and no segments, so nothing
@@ -58,6 +62,8 @@ class EpisodeResult:
     env_tokens: int = 0
     tool_errors: int = 0
     summary_lengths: list[int] = field(default_factory=list)
+    summary_scores: list[float] = field(default_factory=list)
+    """The environment's check of each summary (harness.summary_reward = "check"), in order."""
     head_tokens: int = 0
     window: int = 0
     integrity: IntegrityResult | None = None
@@ -261,11 +267,26 @@ class Episode:
     async def _summarize(self) -> list[int]:
         """Ask for a summary (trained in the closing segment); return the next context's
         ``<summary>...</summary>`` block."""
+        context = self.seg.context()
         self._add_env(self.summary_open)
         summary = await self._generate(self.cfg.summary_max_tokens, [SUMMARY_CLOSE], "summary")
         self.seg.add_model(summary, turn=False)
         self.result.summary_lengths.append(len(summary.token_ids))
+        if self.cfg.summary_reward == "check":
+            self._check_summary(context, summary.text)
         ids = list(summary.token_ids)
         if SUMMARY_CLOSE not in summary.text:
             ids += self.summary_close
         return self.summary_open + ids + self.newline
+
+    def _check_summary(self, context: list[int], summary: str) -> None:
+        """The environment's check of the summary as the closing segment's dense reward
+        (harness.summary_reward); its score also goes to ``summary_scores``."""
+        score = self.env.check_summary(self.tok.decode(context), summary.split(SUMMARY_CLOSE)[0])
+        if score is None:
+            return
+        if not 0.0 <= score <= 1.0:
+            raise ValueError(f"{type(self.env).__name__}.check_summary returned {score}; a score "
+                             "must lie in [0, 1]")
+        self.result.summary_scores.append(score)
+        self.seg.reward = self.cfg.summary_reward_coef * score

@@ -28,6 +28,8 @@ class SegmentBuilder:
         prefill (its prompt is exactly ``prompt_ids``), so the trainer replays it there too."""
         self.turn_starts: list[int] = []
         """Completion offsets where each model turn began (the sliding window cuts there)."""
+        self.reward: float | None = None
+        """The segment's dense reward (Segment.reward), set when its summary is checked."""
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
@@ -69,4 +71,5 @@ class SegmentBuilder:
 
     def to_segment(self) -> Segment:
         return Segment(self.prompt_ids, self.completion_ids, self.logprobs, self.versions,
-                       self.loss_mask, self.experts, prompt_experts=self.prompt_experts)
+                       self.loss_mask, self.experts, prompt_experts=self.prompt_experts,
+                       reward=self.reward)

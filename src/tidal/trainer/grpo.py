@@ -68,7 +68,8 @@ class TrainBatch:
     targets [B,T] long: input_ids shifted by one (targets[t] = seq[t+1]); pad_id past the end.
     loss_mask [B,T] float: 1 only where targets[t] is a completion token with Segment.loss_mask 1.
     old_logprobs [B,T] float: behaviour-policy sampling logprob of targets[t] (0 where masked).
-    advantages [B] float: the trajectory's advantage, repeated for each of its segments.
+    advantages [B] float: the trajectory's advantage, repeated for each of its segments (plus
+        the segment's centred dense reward where it carries one, see segment_advantages).
     experts [B,T,L,k] long or None: recorded routing per input position (NO_REPLAY elsewhere).
     row_traj [B] long: index of the trajectory each row came from.
     lengths [B] long: real (unpadded) positions per row.
@@ -113,16 +114,51 @@ class TrainBatch:
         })
 
 
+def segment_advantages(trajectories: list[Trajectory], rows: list[tuple[int, Segment]],
+                       advantages: torch.Tensor) -> torch.Tensor:
+    """Per-row advantage [B]: the trajectory's advantage plus its segment's dense reward
+    (``Segment.reward``) minus the mean dense reward of the segments at the same index in the
+    same group (those that carry one); rows without a dense reward keep the trajectory's.
+
+    Turn-level credit as MT-GRPO does it (Zeng et al. 2025, "Reinforcing Multi-Turn Reasoning in
+    LLM Agents via Turn-Level Credit Assignment", arXiv 2505.11821; its verl port's
+    ``compute_grpo_outcome_advantage`` with turn rewards): advantage of a turn = outcome
+    advantage + lambda * group-relative turn reward. Here lambda is folded into the reward by
+    whoever attached it (harness.summary_reward_coef), and the turn reward is centred but not
+    divided by its std, so a small miss gets a small push. Centring per index compares each
+    summary with the summaries the group wrote at the same point of the task.
+    """
+    row_traj = torch.tensor([i for i, _ in rows], dtype=torch.long)
+    adv = torch.as_tensor(advantages, dtype=torch.float32)[row_traj]
+    keys = [(trajectories[i].group_id, _index_of(trajectories[i], s)) for i, s in rows]
+    by_key: dict[tuple[int, int], list[float]] = {}
+    for key, (_, s) in zip(keys, rows):
+        if s.reward is not None:
+            by_key.setdefault(key, []).append(s.reward)
+    dense = [0.0 if s.reward is None else s.reward - sum(by_key[key]) / len(by_key[key])
+             for key, (_, s) in zip(keys, rows)]
+    return adv + torch.tensor(dense, dtype=torch.float64).float()
+
+
+def _index_of(trajectory: Trajectory, segment: Segment) -> int:
+    """The segment's position in its trajectory (by identity)."""
+    return next(k for k, s in enumerate(trajectory.segments) if s is segment)
+
+
 def collate(
     trajectories: list[Trajectory],
     pad_id: int,
     normalize_std: bool = True,
     advantages: torch.Tensor | None = None,
+    segment_rewards: bool = True,
 ) -> TrainBatch:
     """Pad every segment of every trajectory into one TrainBatch (see the module alignment note).
 
     ``advantages`` [num_trajectories]: None = group_advantages of the trajectories' rewards and
     group ids (with ``normalize_std``); pass your own for another estimator.
+    ``segment_rewards``: add segments' dense rewards to their rows (segment_advantages); a batch
+    whose segments carry none (every batch unless harness.summary_reward is on) is the same
+    either way; False = every row gets its trajectory's advantage, whatever the segments say.
     Segments with fewer than 2 tokens have nothing to predict and are skipped.
     """
     if advantages is None:
@@ -140,7 +176,8 @@ def collate(
         targets=torch.full((B, T), pad_id, dtype=torch.long),
         loss_mask=torch.zeros(B, T),
         old_logprobs=torch.zeros(B, T),
-        advantages=torch.as_tensor(advantages, dtype=torch.float32)[row_traj],
+        advantages=(segment_advantages(trajectories, rows, advantages) if segment_rewards
+                    else torch.as_tensor(advantages, dtype=torch.float32)[row_traj]),
         experts=_expert_buffer([s for _, s in rows], B, T),
         row_traj=row_traj,
         lengths=torch.tensor([len(s.prompt_ids) + len(s.completion_ids) - 1 for _, s in rows]),

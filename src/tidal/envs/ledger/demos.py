@@ -31,23 +31,12 @@ from tidal.engine import EngineConfig
 from tidal.env import OBS_CLOSE, OBS_OPEN, Rubric, format_call
 from tidal.envs.ledger import tasks as family
 from tidal.envs.ledger.config import LedgerConfig
-from tidal.envs.ledger.environment import NO_MORE_FILES, LedgerEnvironment
+from tidal.envs.ledger.environment import NO_MORE_FILES, LedgerEnvironment, read_context
 from tidal.envs.ledger.tasks import LedgerTask
 from tidal.harness import (SUMMARY_CLOSE, SUMMARY_OPEN, Episode, GenerationRequest,
                            GenerationResult, HarnessConfig)
 from tidal.model import ByteTokenizer
 from tidal.types import Segment
-
-def read_context(context: str) -> tuple[str | None, list[str]]:
-    """The summary carried into ``context`` (None if none) and the observations shown after it."""
-    summary = None
-    start = context.rfind(SUMMARY_OPEN)
-    if start >= 0:
-        end = context.find(SUMMARY_CLOSE, start)
-        summary = context[start + len(SUMMARY_OPEN): end if end >= 0 else None]
-        context = context[end if end >= 0 else len(context):]
-    return summary, [block.split(OBS_CLOSE)[0] for block in context.split(OBS_OPEN)[1:]]
-
 
 class ExpertClient:
     """Stands in for the engine client of one episode: the expert answers from the context."""

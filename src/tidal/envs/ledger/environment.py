@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from tidal.env import EnvironmentSpec, Rubric, RubricScore, ToolEnvironment, run_blocking
+from tidal.env import (OBS_CLOSE, OBS_OPEN, EnvironmentSpec, Rubric, RubricScore, ToolEnvironment,
+                       run_blocking)
 from tidal.envs.funcs import Grade, grade_many
 from tidal.envs.ledger import tasks as family
 from tidal.envs.ledger.config import LedgerConfig
 from tidal.envs.ledger.tasks import LedgerTask
+from tidal.harness import SUMMARY_CLOSE, SUMMARY_OPEN
 
 NO_MORE_FILES = "no more files"
 PARTIAL_CREDIT = 0.5
@@ -73,8 +75,27 @@ class LedgerEnvironment(ToolEnvironment):
         self.finish()
         return "submitted"
 
+    def check_summary(self, context: str, summary: str) -> float | None:
+        """The summary against the facts its context showed (``read_context``): the steps of the
+        summary carried into it (believed as written), then the steps of the files shown since,
+        in order (``tasks.summary_score``: 1 = all of them right, nothing added). A mistake is
+        thus charged once, to the summary that made it, not again to each later summary that
+        copies it faithfully (those the episode's reward already judges)."""
+        return family.summary_score(summary, family.recall(*read_context(context)))
+
     def reason(self, score: RubricScore) -> str:
         return self.grade.reason if self.grade is not None else "done"
+
+
+def read_context(context: str) -> tuple[str | None, list[str]]:
+    """The summary carried into ``context`` (None if none) and the observations shown after it."""
+    summary = None
+    start = context.rfind(SUMMARY_OPEN)
+    if start >= 0:
+        end = context.find(SUMMARY_CLOSE, start)
+        summary = context[start + len(SUMMARY_OPEN): end if end >= 0 else None]
+        context = context[end if end >= 0 else len(context):]
+    return summary, [block.split(OBS_CLOSE)[0] for block in context.split(OBS_OPEN)[1:]]
 
 
 def steps_right(task: LedgerTask, env: "LedgerEnvironment") -> float:

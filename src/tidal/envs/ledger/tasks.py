@@ -218,6 +218,44 @@ def parse_code(code: str) -> list[tuple[str, int]]:
     return [STATEMENT_TO_STEP[s] for s in statements if s in STATEMENT_TO_STEP]
 
 
+def recall(summary: str | None, observations: list[str]) -> list[tuple[str, int]]:
+    """What a reader of a context knows: the carried summary's steps (believed as written), then
+    the steps of the files shown after it."""
+    memory = parse_code(summary) if summary else []
+    for text in observations:
+        memory += parse_steps(text)
+    return memory
+
+
+def summary_steps(text: str) -> list[tuple[str, int] | None]:
+    """A summary's statements as steps, None for each that is not a step in the family's form
+    ("none" and "" are no steps)."""
+    if text.strip() in ("", NO_STEPS):
+        return []
+    return [STATEMENT_TO_STEP.get(s.replace(" ", "")) for s in text.split(";")]
+
+
+def summary_score(text: str, facts: list[tuple[str, int]]) -> float:
+    """How well a summary carries ``facts`` (the steps it should hold, in order), in [0, 1]: the
+    longest common subsequence of its statements and the facts over the longer of the two. Right
+    = 1; each fact dropped or garbled, or statement added, lowers it; no fact to carry and none
+    written = 1."""
+    written = summary_steps(text)
+    longest = max(len(written), len(facts))
+    return 1.0 if longest == 0 else _common_subsequence(written, facts) / longest
+
+
+def _common_subsequence(a: list, b: list) -> int:
+    """Length of the longest common subsequence of ``a`` and ``b`` (None matches nothing)."""
+    row = [0] * (len(b) + 1)
+    for x in a:
+        prev_diag = 0
+        for j, y in enumerate(b):
+            prev_diag, row[j + 1] = row[j + 1], (prev_diag + 1 if x is not None and x == y
+                                                 else max(row[j + 1], row[j]))
+    return row[-1]
+
+
 def summary_text(memory: list[tuple[str, int]]) -> str:
     """What the expert writes when its context is reset: the code of f found so far."""
     return code_text(memory) if memory else NO_STEPS
@@ -248,12 +286,8 @@ class LedgerExpert:
         self.slip_rate = slip_rate
 
     def recall(self, summary: str | None, observations: list[str]) -> list[tuple[str, int]]:
-        """What a reader of the context knows: the carried summary's steps (believed as
-        written), then the steps of the files shown after it."""
-        memory = parse_code(summary) if summary else []
-        for text in observations:
-            memory += parse_steps(text)
-        return memory
+        """What a reader of the context knows (``recall``)."""
+        return recall(summary, observations)
 
     def summarize(self, memory: list[tuple[str, int]]) -> str:
         if memory and self.rng.random() < self.slip_rate:
