@@ -92,7 +92,9 @@ def rollout(model, tokenizer, cfg: TidalConfig, lw, episodes: int, prefix_cache:
     from tidal.harness import run_episodes
     from tidal.sandbox import Sandbox
 
-    engine_cfg = with_keys(cfg, {"engine.prefix_cache": prefix_cache}).engine
+    # the peer prefills every prompt in full: no parked caches and no prompt shared in a wave
+    engine_cfg = with_keys(cfg, {"engine.prefix_cache": prefix_cache,
+                                 "engine.share_prompts": prefix_cache}).engine
     engine = Engine(model, tokenizer, engine_cfg)
     spec = load_environment(Sandbox(cfg.env.sandbox), lw.ledger)
     tasks = spec.sample_tasks(episodes, run_seed(cfg), False)
