@@ -95,6 +95,9 @@ def test_rows_group_by_prompt_and_micro_batches_hold_whole_groups():
     one_token = collate(on_policy_batch(model).trajectories, pad_id=0)
     one_token.prompt_lengths[0] = 1
     assert micro_batches(one_token, 8, 0, False) is None  # nothing to share: the plain path
+    no_completion = collate(on_policy_batch(model).trajectories, pad_id=0)
+    no_completion.lengths[0] = no_completion.prompt_lengths[0] - 1  # an episode skipped unanswered
+    assert micro_batches(no_completion, 8, 0, False) is None
 
 
 @pytest.mark.parametrize("moe", [False, True])

@@ -9,7 +9,7 @@ in the suffix (completion token j is predicted at position prompt_length + j - 1
 the mismatch metrics and router replay run on the view unchanged.
 
 Where sharing does not apply the batch is left to the plain path (``micro_batches`` returns
-None): a row whose prompt has fewer than 2 tokens, or MoE rows with positions the engine did not
+None): a row whose prompt has fewer than 2 tokens, a row without completion tokens, or MoE rows with positions the engine did not
 record (the trainer fills those from its own router in a forward of the full rows).
 """
 
@@ -26,6 +26,8 @@ def micro_batches(tb: TrainBatch, size: int, pad_id: int,
     """The batch as shared-prefix micro-batches of at most ``size`` rows, or None where sharing
     does not apply (see the module docs). ``replay``: route through recorded experts (MoE)."""
     if tb.num_rows == 0 or int(tb.prompt_lengths.min()) < 2:
+        return None
+    if bool((tb.lengths < tb.prompt_lengths).any()):  # a row with no completion: no suffix
         return None
     if replay and tb.experts is not None and _unrecorded(tb):
         return None
