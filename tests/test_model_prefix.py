@@ -88,7 +88,7 @@ def test_rows_group_by_prompt_and_micro_batches_hold_whole_groups():
     mbs = micro_batches(tb, size=8, pad_id=0, replay=False)
     assert [len(v.lengths) for v, _ in mbs] == [8, 4]
     for view, prefix in mbs:
-        assert prefix.ids.shape[0] == 2 if len(view.lengths) == 8 else 1
+        assert prefix.ids.shape[0] == (2 if len(view.lengths) == 8 else 1)
         assert float(view.loss_mask.sum()) > 0
     trained = sum(float(v.loss_mask.sum()) for v, _ in mbs)
     assert trained == float(tb.loss_mask.sum())  # every trained token is in a suffix

@@ -1,6 +1,6 @@
 """RL steps per minute of the default recipe: tidal now vs tidal before the issue-17 speed work.
 
-    tidal bench rl --json rl.json                                  # ~12 min on 2 CPU cores
+    tidal bench rl --json rl.json       # 2 x rounds runs of budget_s, each with start-up and 2 short evaluations
     tidal bench rl --bench.budget_s 120 --bench.rounds 1
     tidal bench rl --env.name fixit                                # another family
 
@@ -86,7 +86,7 @@ def _one_run(cfg: TidalConfig, run_dir: Path, init) -> dict:
 
     summary = run_rl(cfg, run_dir, init, progress=False)
     steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "step"]
-    mean = lambda key: statistics.fmean(s[key] for s in steps) if steps else 0.0  # noqa: E731
+    mean = lambda key: statistics.fmean(s[key] for s in steps) if steps else 0.0
     return {"steps": summary.steps, "rl_wall_s": summary.rl_wall_s,
             "steps_per_min": 60 * summary.steps / summary.rl_wall_s,
             "train_s_per_step": mean("train_s"), "generate_s_per_step": mean("generate_s"),
@@ -95,7 +95,7 @@ def _one_run(cfg: TidalConfig, run_dir: Path, init) -> dict:
 
 
 def _summary(runs: list[dict]) -> dict:
-    med = lambda key: statistics.median(r[key] for r in runs)  # noqa: E731
+    med = lambda key: statistics.median(r[key] for r in runs)
     return {key: med(key) for key in ("steps", "steps_per_min", "train_s_per_step",
                                       "generate_s_per_step", "worker_busy_fraction")}
 

@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from tidal.model.fused import FusedWeights, _rope
+from tidal.numerics.deterministic import round_up
 from tidal.numerics.ops import attention, attention_bias
 
 if TYPE_CHECKING:
-    from tidal.model.fused import FusedWeights
     from tidal.model.qwen3 import CausalLM
 
 
@@ -59,18 +60,16 @@ def shared_prefix_forward(model: CausalLM, w: FusedWeights, prefix: SharedPrefix
     """Suffix rows input_ids [B, Ts] (row b at positions lengths[row[b]] + 0..Ts-1; padding after
     its real tokens) -> (fp32 logits [B, Ts, V], per-layer router top-k of the suffix tokens
     [B*Ts, k] or Nones). ``replay`` [B*Ts, layers, k]: the suffix tokens' experts."""
-    from tidal.model.fused import _rope
-
     ops = w.ops
     if not hasattr(ops, "paths"):
         raise ValueError(f"the shared-prefix forward runs the deterministic op set, not {ops.name!r}")
     g, tp = prefix.ids.shape
-    b, ts = input_ids.shape
+    ts = input_ids.shape[1]
     starts = prefix.lengths[prefix.row]  # [B]
     positions = starts.unsqueeze(1) + torch.arange(ts, device=input_ids.device)  # [B, Ts]
     prefix_positions = torch.arange(tp, device=input_ids.device).expand(g, tp)
     prefix_ctx = ops.attention_context(prefix_positions, None, None, tp)
-    length = _round_up(int(positions.max()) + 1)
+    length = round_up(int(positions.max()) + 1)
     suffix_bias = attention_bias(positions, length)
     index = _key_index(prefix, starts, ts, length)
     xp, xs = F.embedding(prefix.ids, w.embed), F.embedding(input_ids, w.embed)
@@ -89,12 +88,6 @@ def shared_prefix_forward(model: CausalLM, w: FusedWeights, prefix: SharedPrefix
         xs, ids = _mlp(ops, layer, xs, None if replay is None else replay[:, i], w)
         expert_ids.append(ids)
     return ops.linear(w.lm_head, ops.norm(xs, w.norm, w)).float(), expert_ids
-
-
-def _round_up(n: int) -> int:
-    from tidal.numerics.deterministic import round_up
-
-    return round_up(n)
 
 
 def _qkv(ops, layer, x: torch.Tensor, rope, w):

@@ -327,19 +327,12 @@ def restore_weights(trainer, best: BestCheckpoint, fresh_optimizer: dict) -> Non
     began from (a Hugging Face folder without trainer state), its weights and a fresh optimizer
     (``fresh_optimizer``: the state_dict of the optimizer as built). The trainer's version and
     lr_scale are left to the caller."""
-    import torch
-
-    from tidal.model import from_pretrained
-    from tidal.trainer.checkpoint import load_checkpoint
+    from tidal.trainer.checkpoint import load_checkpoint, load_weights
 
     if is_trainer_checkpoint(best.path):
         load_checkpoint(best.path, trainer)
         return
-    dtype = next(trainer.model.parameters()).dtype
-    saved = from_pretrained(best.path, dtype=dtype).state_dict()
-    with torch.no_grad():
-        for name, tensor in trainer.model.state_dict().items():
-            tensor.copy_(saved[name])
+    load_weights(best.path, trainer.model)
     masters = [p.detach().float().clone() for p in trainer.params] if trainer.separate_masters else None
     trainer.load_state_dict({"version": trainer.version, "lr_scale": trainer.lr_scale,
                              "optimizer": fresh_optimizer, "masters": masters})

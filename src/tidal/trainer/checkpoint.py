@@ -102,7 +102,7 @@ def load_checkpoint(path: str | Path, trainer: Trainer) -> dict:
             f"checkpoint {path} is incomplete (no {COMPLETE} marker: its save was interrupted); "
             "delete it and resume from latest_checkpoint(run_dir)"
         )
-    _load_weights(path, trainer.model)
+    load_weights(path, trainer.model)
     state = _read_state(path / TRAINER_STATE)
     try:
         trainer.load_state_dict(state["trainer"])
@@ -126,9 +126,11 @@ def restore_rng_state(state: dict) -> None:
 # ---------------------------------------------------------------- pieces
 
 
-def _load_weights(path: Path, model: torch.nn.Module) -> None:
+def load_weights(path: str | Path, model: torch.nn.Module) -> None:
     """Copy the checkpoint's tensors into ``model`` in place (the trainer and whoever shares the
-    model keep their references); the shapes must match exactly."""
+    model keep their references); the shapes must match exactly. Also a plain Hugging Face
+    folder (the guard restores the model RL began from this way)."""
+    path = Path(path)
     dtype = next(model.parameters()).dtype
     saved = from_pretrained(path, dtype=dtype).state_dict()
     own = model.state_dict()

@@ -45,12 +45,18 @@ def prompt_groups(tb: TrainBatch, replay: bool) -> list[list[int]]:
     first appearance."""
     groups: dict[tuple, list[int]] = {}
     for b in range(tb.num_rows):
-        p = int(tb.prompt_lengths[b]) - 1  # the prefix: the prompt minus its last token
-        key = (tuple(tb.input_ids[b, :p].tolist()),)
-        if replay and tb.experts is not None:
-            key += (tb.experts[b, :p].numpy().tobytes(),)
-        groups.setdefault(key, []).append(b)
+        groups.setdefault(prefix_key(tb, b, replay), []).append(b)
     return list(groups.values())
+
+
+def prefix_key(tb: TrainBatch, b: int, replay: bool) -> tuple:
+    """What row ``b``'s prefix (its prompt minus the last token) is: its tokens and, with
+    replay, the experts recorded at them; rows with equal keys share one prefix."""
+    p = int(tb.prompt_lengths[b]) - 1
+    key: tuple = (tuple(tb.input_ids[b, :p].tolist()),)
+    if replay and tb.experts is not None:
+        key += (tb.experts[b, :p].numpy().tobytes(),)
+    return key
 
 
 def _pack(groups: list[list[int]], tb: TrainBatch, size: int) -> list[list[int]]:
@@ -76,7 +82,7 @@ def shared_view(tb: TrainBatch, rows: list[int], pad_id: int,
     index = torch.tensor(rows, dtype=torch.long)
     sub = tb.select(index)
     starts = sub.prompt_lengths - 1  # [B]
-    keys = [tuple(sub.input_ids[b, :int(starts[b])].tolist()) for b in range(len(rows))]
+    keys = [prefix_key(sub, b, replay) for b in range(len(rows))]
     first: dict[tuple, int] = {}
     for b, key in enumerate(keys):
         first.setdefault(key, b)
