@@ -90,6 +90,11 @@ class FleetConfig(Section):
     """Links between regions (weights go down and trajectories up over HTTP on them)."""
     trainer_region: str = "local"
     """The region the trainer (and the weight origin) is in."""
+    start_wait_s: float = Field(120.0, ge=0)
+    """Before planning the first step, wait up to this long (seconds) for every pool tidal starts
+    itself (placement local or ray) to have a started worker, so the first steps are split over
+    all of them instead of over whichever pool started first; remote pools are not waited for
+    (their workers join when someone starts them). 0 = start with whoever is there."""
     lease_s: float = Field(20.0, gt=0)
     """A worker's lease lasts this long after each heartbeat; one that lets it lapse has left, and
     the assignment it held is queued again."""

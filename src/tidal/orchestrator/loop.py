@@ -53,7 +53,7 @@ from tidal.hardware import cpu_facts
 from tidal.integrity.policy import apply_policy
 from tidal.orchestrator import guard
 from tidal.orchestrator.evaluate import canary_metrics, eval_canaries, heldout_pass1
-from tidal.orchestrator.pool import FleetPool, LocalPool, OrchestratorError, worker_ids
+from tidal.orchestrator.pool import ElasticPool, FleetPool, LocalPool, OrchestratorError, worker_ids
 from tidal.orchestrator.ray_pool import RayPool
 from tidal.orchestrator.records import (
     BestCheckpoint,
@@ -406,6 +406,7 @@ class Run:
         handles: dict = {}  # future -> worker
         bar = progress_bar(oc.steps, "RL", self.progress)
         bar.update(self.state.step)
+        self._await_pools(pool, sched)
         last = time.time()
         trainer = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer")
         training: cf.Future | None = None
@@ -438,6 +439,18 @@ class Run:
         self.state.duplicates += sched.duplicates
         bar.close()
         self.state.rl_wall_s = time.time() - self.rl_start
+
+    def _await_pools(self, pool: FleetPool, sched: Scheduler) -> None:
+        """Until every pool tidal starts itself has a member, or fleet.start_wait_s has passed
+        (the wait counts as RL time, as any start-up does): the first steps are planned over the
+        members there are then."""
+        deadline = time.time() + self.cfg.fleet.start_wait_s
+        own = [p for p in pool.pools if isinstance(p, ElasticPool)]
+        while time.time() < deadline:
+            self._follow_membership(pool, sched, time.time())
+            if all(p.workers or not p.capacity(time.time()) for p in own):
+                return
+            time.sleep(0.05)
 
     def _more_steps(self) -> bool:
         """Steps left to train, and the guard has not stopped the run."""
