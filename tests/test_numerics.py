@@ -322,9 +322,10 @@ def test_no_path_that_holds_refuses_to_run_deterministic(monkeypatch):
         probe.choose_paths(torch.float32)
 
 
-def test_attention_gradients_equal_plain_attentions():
+@pytest.mark.parametrize("path", ["padded", "unpadded", "keys-first"])
+def test_attention_gradients_equal_plain_attentions(path):
     """ops.attention's backward (one matmul per input, not autograd through the key blocks) is
-    the gradient of softmax attention: checked against plain fp64 math."""
+    the gradient of softmax attention on every path: checked against plain fp64 math."""
     g = torch.Generator().manual_seed(0)
     b, t, kv, group, d, length = 2, 70, 2, 3, 32, 2 * KEY_BLOCK
     q = torch.randn(b, t, kv * group, d, generator=g, dtype=torch.float64).float().requires_grad_()
@@ -332,7 +333,7 @@ def test_attention_gradients_equal_plain_attentions():
     v = torch.randn(b, kv, length, d, generator=g).requires_grad_()
     bias = attention_bias(torch.arange(t).expand(b, t), length)
     w = torch.randn(b, t, kv * group * d, generator=g)
-    got = torch.autograd.grad((attention(q, k, v, bias) * w).sum(), (q, k, v))
+    got = torch.autograd.grad((attention(q, k, v, bias, path) * w).sum(), (q, k, v))
     q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
     scores = torch.einsum("btkgd,bkld->bkgtl", q64.unflatten(2, (kv, group)), k64)
     scores = scores + bias.view(b, 1, 1, t, length).double()

@@ -13,7 +13,8 @@ passes its check here is the one the engine and the trainer run:
     linear     fp32: onednn (packed weight) -> reduce
                bf16: native (F.linear in bf16) -> fp32-accumulate (exact upcast, packed fp32
                      oneDNN, one rounding) -> reduce
-    attention  unpadded (a decode step's q heads as they are) -> padded (at least 4 matmul
+    attention  bf16 only: keys-first (unpadded, the keys as the score matmul's rows) ->
+               unpadded (a decode step's q heads as they are) -> padded (at least 4 matmul
                rows) -> bf16 only: padded-fp32 (exact upcast)
     silu       torch (F.silu) -> composed (x / (1 + exp(-x)) in fp32)
     rms_norm   torch (F.rms_norm) -> composed (fp32 statistics, as qwen3.RMSNorm)
