@@ -74,7 +74,7 @@ class CountingSandbox:
         import threading
         from types import SimpleNamespace
 
-        self.cfg = SimpleNamespace(concurrency=concurrency)
+        self.cfg = SimpleNamespace(concurrency=concurrency, share_verdicts=True)
         self.lock, self.now, self.most = threading.Lock(), 0, 0
 
     def run_python(self, code, stdin=None):
@@ -106,3 +106,63 @@ def test_parallel_gradings_through_one_sandbox_share_one_limit():
         c.join()
     assert len(results) == 18 and {v.reason for v in results} == {"pass"}
     assert sandbox.most == 2
+
+
+class RecordingSandbox(CountingSandbox):
+    """A CountingSandbox that also keeps every program it ran (and can be made to fail)."""
+
+    def __init__(self, concurrency=2, fail=False):
+        super().__init__(concurrency)
+        self.programs, self.fail = [], fail
+
+    def run_python(self, code, stdin=None):
+        if self.fail:
+            raise OSError("sandbox broke")
+        with self.lock:
+            self.programs.append(code)
+        return super().run_python(code, stdin)
+
+
+def test_identical_candidates_are_graded_once_per_sandbox():
+    from tidal.envs.funcs.grader import verdict_memo
+
+    tasks = sample_tasks(FuncsConfig(), 2, seed=0, heldout=False)
+    sandbox = RecordingSandbox()
+    same, other = "    return x\n", "    return x + 1\n"
+    grades = grade_many(sandbox, [tasks[0]] * 4 + [tasks[1]], [same, same, other, same, same])
+    assert [g.reason for g in grades] == ["pass"] * 5
+    assert len(sandbox.programs) == 3 and len(set(sandbox.programs)) == 3  # one per distinct pair
+    grade_many(sandbox, [tasks[0]], [other])  # known from the first call
+    assert len(sandbox.programs) == 3 and verdict_memo(sandbox).runs == 3
+    grade_many(RecordingSandbox(), [tasks[0]], [other])  # another sandbox has its own memo
+    assert verdict_memo(sandbox).runs == 3
+    sandbox.cfg.share_verdicts = False  # env.sandbox.share_verdicts = false: every program runs
+    grade_many(sandbox, [tasks[0]] * 2, [same, same])
+    assert len(sandbox.programs) == 5
+
+
+def test_concurrent_gradings_of_one_candidate_run_it_once():
+    import threading
+
+    task = sample_tasks(FuncsConfig(), 1, seed=0, heldout=False)[0]
+    sandbox = RecordingSandbox()
+    results = []
+    callers = [threading.Thread(target=lambda: results.extend(grade_many(sandbox, [task], ["    return x\n"])))
+               for _ in range(6)]  # a group's episodes finishing at once
+    for c in callers:
+        c.start()
+    for c in callers:
+        c.join()
+    assert len(results) == 6 and len(sandbox.programs) == 1
+
+
+def test_a_failed_grading_is_not_remembered():
+    from tidal.envs.funcs.grader import verdict_memo
+
+    task = sample_tasks(FuncsConfig(), 1, seed=0, heldout=False)[0]
+    sandbox = RecordingSandbox(fail=True)
+    with pytest.raises(OSError, match="sandbox broke"):
+        grade_many(sandbox, [task], ["    return x\n"])
+    sandbox.fail = False
+    [grade] = grade_many(sandbox, [task], ["    return x\n"])
+    assert grade.reason == "pass" and len(sandbox.programs) == 1 and verdict_memo(sandbox).runs == 2

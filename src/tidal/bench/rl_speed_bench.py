@@ -9,7 +9,8 @@ Both arms are tidal's own RL loop (``orchestrator.loop.Run``) from the same pret
 wall-clock budget; the peer is the loop as it ran before (``BEFORE``): the trainer recomputing
 every row's prompt (``trainer.share_prompts = false``), the engine prefilling every sample's
 prompt (``engine.share_prompts = false``) and workers loading each new version in the middle of
-their episodes with a KV-cache recompute (``orchestrator.in_flight_updates = true``). Each arm
+their episodes with a KV-cache recompute (``orchestrator.in_flight_updates = true``), and every
+episode's program graded in its own sandbox run (``env.sandbox.share_verdicts = false``). Each arm
 runs ``rounds`` times, alternating, so a machine's load falls on both alike. Held-out evaluation
 is cut to ``heldout_tasks`` tasks and run only before and after (it is off the budget's clock
 either way); checkpoints only at the end.
@@ -32,11 +33,13 @@ from tidal.bench.config import config_record, main, with_keys
 from tidal.config import TidalConfig
 from tidal.section import Section
 
-READS = ("model", "trainer", "engine", "orchestrator", "env.name", "run")
+READS = ("model", "trainer", "engine", "orchestrator", "env.name", "env.sandbox", "run")
 """What of the run config this benchmark uses (recorded in its JSON under "config")."""
 BEFORE = {"trainer.share_prompts": False, "engine.share_prompts": False,
-          "orchestrator.in_flight_updates": True}
-"""The settings that reproduce the loop before the speed work (its defaults then)."""
+          "orchestrator.in_flight_updates": True, "env.sandbox.share_verdicts": False}
+"""The settings that reproduce the loop before the speed work (its defaults then). The bf16
+attention path "keys-first" (tidal.numerics.ops.ATTENTION_PATHS) has no setting: both arms run
+it where the probe picks it, so on such a machine the ratio leaves out its gain."""
 
 
 class BenchSection(Section):
