@@ -124,7 +124,7 @@ class RecordingSandbox(CountingSandbox):
 
 
 def test_identical_candidates_are_graded_once_per_sandbox():
-    from tidal.envs.funcs.grader import verdict_memo
+    from tidal.env.grading import verdict_memo
 
     tasks = sample_tasks(FuncsConfig(), 2, seed=0, heldout=False)
     sandbox = RecordingSandbox()
@@ -157,7 +157,7 @@ def test_concurrent_gradings_of_one_candidate_run_it_once():
 
 
 def test_a_failed_grading_is_not_remembered():
-    from tidal.envs.funcs.grader import verdict_memo
+    from tidal.env.grading import verdict_memo
 
     task = sample_tasks(FuncsConfig(), 1, seed=0, heldout=False)[0]
     sandbox = RecordingSandbox(fail=True)

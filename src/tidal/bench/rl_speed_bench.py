@@ -37,9 +37,10 @@ READS = ("model", "trainer", "engine", "orchestrator", "env.name", "env.sandbox"
 """What of the run config this benchmark uses (recorded in its JSON under "config")."""
 BEFORE = {"trainer.share_prompts": False, "engine.share_prompts": False,
           "orchestrator.in_flight_updates": True, "env.sandbox.share_verdicts": False}
-"""The settings that reproduce the loop before the speed work (its defaults then). The bf16
-attention path "keys-first" (tidal.numerics.ops.ATTENTION_PATHS) has no setting: both arms run
-it where the probe picks it, so on such a machine the ratio leaves out its gain."""
+"""The settings that reproduce the loop before the speed work (its defaults then). Two changes
+have no setting, so both arms have them and the ratio leaves out their gain: the bf16 attention
+path "keys-first" (tidal.numerics.ops.ATTENTION_PATHS, where the probe picks it) and the workers
+starting beside the evaluation before RL (orchestrator.loop.Run.run)."""
 
 
 class BenchSection(Section):

@@ -362,8 +362,8 @@ class Run:
 
     def run(self) -> RunSummary:
         # The pools first: Ray workers start loading at once (a process, imports, the model, the
-        # numerics probe, warm sandboxes: 65 s of the default recipe's 360 s RL budget on a
-        # busy 2-core machine) while the driver evaluates the model before RL.
+        # numerics probe, warm sandboxes; the first RL step came 16-65 s into the default
+        # recipe's 360 s budget on a busy 2-core machine) while the driver evaluates before RL.
         pool = self.make_pool()
         try:
             resumed = self.state.step > 0

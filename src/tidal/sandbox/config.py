@@ -37,12 +37,10 @@ class SandboxConfig(Section):
     concurrency: int = Field(2, ge=1)
     """Sandboxes run in parallel when grading a batch."""
     share_verdicts: bool = True
-    """Grade identical programs once per sandbox (tidal.envs.funcs.grader.VerdictMemo), for the
-    graders whose program holds the whole candidate and its tests (funcs, and fixit and ledger,
-    which grade through it). 28% of a funcs RL step's episodes repeat another's completion at the
-    start of RL, more as the policy sharpens. A candidate whose verdict is not a function of its
-    text (clock, randomness, the time limit on a loaded machine) gives its copies the first run's
-    verdict. false = every episode's program runs."""
+    """Grade identical programs once per sandbox, for the graders whose program holds the whole
+    candidate and its tests (funcs, and fixit and ledger, which grade through it); what that
+    saves and what it costs a program that is not a function of its text:
+    tidal.env.grading.VerdictMemo. false = every episode's program runs."""
     python: str = ""
     """Interpreter run_python uses, an absolute path; its install prefix (the parent of its bin/)
     is mounted read-only. "" = the base interpreter of the running Python (never the venv: its
