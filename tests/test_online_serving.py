@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -203,6 +204,52 @@ def test_poll_follows_the_registry(store):
 
     asyncio.run(main())
     assert policy.sha_of(1) == shas[1]
+
+
+def test_an_update_during_a_registry_read_is_not_switched_back(store):
+    """A training run's weight update (online/update.py: under policy.refreshing it adds the
+    version, writes the registry and routes to it) landing just after the poll read the
+    registry: the poll must not then route back to what it read. (It did: the poll read outside
+    the lock, and a run's server served the old version until the next poll.)"""
+    _, _, shas, loader = store
+    policy = serve(loader, record(0, shas[0]))
+    registry = [record(0, shas[0])]
+    updating = threading.Event()
+
+    def update():  # WeightUpdater.update's order
+        with policy.refreshing:
+            updating.set()
+            policy.add_version(1, shas[1], loader.load(1, shas[1], "float32"), "live")
+            registry[:] = [record(1, shas[1])]
+            policy.set_live(1)
+
+    updater = threading.Thread(target=update)
+
+    def read():
+        snapshot = list(registry)
+        if not updater.is_alive() and not updating.is_set():
+            updater.start()
+            updating.wait(timeout=1.0)  # the update takes the lock now, unless the poll holds it
+        return snapshot
+
+    refreshed = threading.Event()
+    original = policy._refresh
+
+    def tracked(records):
+        original(records)
+        refreshed.set()
+
+    policy._refresh = tracked
+
+    async def main():
+        task = asyncio.create_task(policy.poll(read, 60.0))
+        while not refreshed.is_set():
+            await asyncio.sleep(0.01)
+        task.cancel()
+
+    asyncio.run(main())
+    updater.join()
+    assert policy.live == 1
 
 
 def test_prompt_checks():

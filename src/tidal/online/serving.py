@@ -215,6 +215,12 @@ class PolicyServer:
         with self.refreshing:
             self._refresh(records)
 
+    def refresh_from(self, live_versions) -> None:
+        """``refresh(live_versions())`` with the registry read under the lock too: records read
+        before a weight update's registry write would route back to the old version."""
+        with self.refreshing:
+            self._refresh(live_versions())
+
     def set_live(self, version: int) -> None:
         """Route all traffic to held ``version`` (a weight update); no canary."""
         self._held[version]  # KeyError unless held
@@ -273,12 +279,11 @@ class PolicyServer:
         self.errors.append({"time": time.time(), "version": version, "message": message})
 
     async def poll(self, live_versions, poll_s: float) -> None:
-        """Every ``poll_s`` seconds: ``refresh(live_versions())`` in a worker thread. Runs until
+        """Every ``poll_s`` seconds: ``refresh_from(live_versions)`` in a worker thread. Runs until
         cancelled; a failing registry read is logged and retried."""
         while True:
             try:
-                records = await asyncio.to_thread(live_versions)
-                await asyncio.to_thread(self.refresh, records)
+                await asyncio.to_thread(self.refresh_from, live_versions)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
