@@ -27,6 +27,8 @@ BENCHMARKS = {
                 "FSDP2-sharded trainer at 1, 2, 4 processes: per-process memory, step time, loss vs one process"),
     "rl": ("tidal.bench.rl_speed_bench",
            "RL steps per minute of the default recipe, now vs before the speed work (shared prompts, in-flight updates)"),
+    "controls": ("tidal.bench.controls_bench",
+                 "the loss controls (KL, entropy bonus, dual-clip, constant lr) as arms of the default recipe on two families"),
     "multiturn": ("tidal.bench.multiturn_bench",
                   "multi-turn rollout time with the engine's prefix cache vs prefilling every turn"),
 }
