@@ -34,7 +34,7 @@ from tidal.bench.config import SEED_KEY, StrList, config_record, main, run_seed,
 from tidal.config import ConfigError, TidalConfig
 from tidal.section import Section
 
-READS = ("model", "trainer", "engine", "orchestrator", "env.name", "run")
+READS = ("model", "trainer", "engine", "orchestrator", "env.name", "pretrain", "run")
 """What of the run config this benchmark uses (recorded in its JSON under "config")."""
 
 ARMS: dict[str, dict[str, Any]] = {

@@ -33,7 +33,7 @@ from tidal.bench.config import config_record, main, with_keys
 from tidal.config import TidalConfig
 from tidal.section import Section
 
-READS = ("model", "trainer", "engine", "orchestrator", "env.name", "env.sandbox", "run")
+READS = ("model", "trainer", "engine", "orchestrator", "env.name", "env.sandbox", "pretrain", "run")
 """What of the run config this benchmark uses (recorded in its JSON under "config")."""
 BEFORE = {"trainer.share_prompts": False, "engine.share_prompts": False,
           "orchestrator.in_flight_updates": True, "env.sandbox.share_verdicts": False}
