@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import Field
 
-from tidal.bench.common import write_json
+from tidal.bench.common import new_run_dir, write_json
 from tidal.bench.config import SEED_KEY, StrList, config_record, main, run_seed, with_keys
 from tidal.config import ConfigError, TidalConfig
 from tidal.section import Section
@@ -116,13 +116,10 @@ def _family(bench: BenchSection, cfg: TidalConfig, common: dict, root: Path) -> 
 def _one_run(cfg: TidalConfig, run_dir: Path, init) -> dict:
     """One RL run in ``run_dir`` (its config.toml, metrics and summary, as `tidal train`
     writes them, so `tidal report` reads it); its figures."""
-    from tidal.config.dump import recipe_tree, to_toml
     from tidal.orchestrator.loop import run_rl
     from tidal.telemetry.metrics import read_metrics
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.toml").write_text(to_toml(recipe_tree(cfg)) + "\n")
-    summary = run_rl(cfg, run_dir, init, progress=False)
+    summary = run_rl(cfg, new_run_dir(cfg, run_dir), init, progress=False)
     rows = read_metrics(run_dir / "metrics.jsonl")
     evals = [(r["step"], r["heldout_pass1"]) for r in rows if r.get("kind") == "eval"]
     entropy = [r["train/entropy"] for r in rows if r.get("kind") == "step"]

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tidal.bench.config import with_keys
-from tidal.config import ConfigError, TidalConfig
+from tidal.config import TidalConfig
 from tidal.envs.ledger.sizing import LedgerWindow
 from tidal.harness import HarnessConfig
 from tidal.orchestrator.records import EvalRecord
@@ -67,14 +67,10 @@ def run_dir_of(runs_dir: Path, window: int, mode: str) -> Path:
 def run_mode(cfg: TidalConfig, run_dir: Path, model_dir: Path, progress: bool) -> dict:
     """One RL run (tidal's loop, orchestrator.loop.Run) in ``run_dir``: config.toml, the run's
     records and summary.json; then the expert on its held-out tasks. Returns mode_figures."""
-    from tidal.config.dump import recipe_tree, to_toml
+    from tidal.bench.common import new_run_dir
     from tidal.orchestrator.loop import Run, write_summary
 
-    if (run_dir / "metrics.jsonl").exists():
-        raise ConfigError(f"{run_dir} already holds a run: give another --bench.runs_dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.toml").write_text(to_toml(recipe_tree(cfg)) + "\n")
-    run = Run(cfg, run_dir, model_dir, progress)
+    run = Run(cfg, new_run_dir(cfg, run_dir), model_dir, progress)
     write_summary(run_dir, run.run())
     return mode_figures(run_dir, expert_pass1(run))
 

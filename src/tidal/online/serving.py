@@ -212,8 +212,7 @@ class PolicyServer:
         """Serve the registry's live version and canary (if any), loading those not held yet;
         a version that fails verification is refused and logged (see the module docstring).
         Blocking (loads weights): call it from a worker thread, one caller at a time."""
-        with self.refreshing:
-            self._refresh(records)
+        self.refresh_from(lambda: records)
 
     def refresh_from(self, live_versions) -> None:
         """``refresh(live_versions())`` with the registry read under the lock too: records read
