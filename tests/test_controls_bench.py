@@ -1,5 +1,5 @@
 """`tidal bench controls` at toy size: each arm runs with its own keys and nothing else changed,
-the same steps each, guard off; and the curve figures (best, largest drop) of a known curve."""
+the same steps each, guard off but in the guarded arm; and the curve figures (best, largest drop) of a known curve."""
 
 import tomllib
 
@@ -27,7 +27,7 @@ def test_curve_figures_of_a_known_curve():
 
 def test_each_arm_runs_its_own_keys_and_the_same_steps(tmp_path):
     bench, cfg, _ = parse(controls_bench, "controls", [
-        *TINY, "--bench.families", "funcs", "--bench.arms", "defaults,dual_clip,kl_initial",
+        *TINY, "--bench.families", "funcs", "--bench.arms", "defaults,dual_clip,kl_initial,guarded",
         "--bench.steps", "2", "--bench.eval_every", "1",
         "--orchestrator.tasks_per_step", "2", "--orchestrator.group_size", "2",
         "--orchestrator.heldout_tasks", "2", "--orchestrator.eval_samples_per_task", "1",
@@ -36,17 +36,18 @@ def test_each_arm_runs_its_own_keys_and_the_same_steps(tmp_path):
     save_pretrained(build_model(cfg.model.model_copy(update={"init_from": None}), seed=0), tmp_path / "ck")
     result = run_controls(bench, cfg)
     arms = result["by_family"]["funcs"]
-    assert list(arms) == ["defaults", "dual_clip", "kl_initial"]
+    assert list(arms) == ["defaults", "dual_clip", "kl_initial", "guarded"]
     for arm, figures in arms.items():
         run_cfg = tomllib.loads((tmp_path / "runs" / "funcs" / f"{arm}-0" / "config.toml").read_text())
         trainer = run_cfg["trainer"]
         assert trainer["dual_clip"] == (3.0 if arm == "dual_clip" else 0.0)
         assert trainer["kl_coef"] == (0.04 if arm == "kl_initial" else 0.0)
-        assert run_cfg["orchestrator"]["guard"]["policy"] == "off"
+        assert run_cfg["orchestrator"]["guard"]["policy"] == ("restore" if arm == "guarded" else "off")
         assert run_cfg["orchestrator"]["steps"] == 2
         assert figures["keys"] == ARMS[arm]
         (run,) = figures["runs"]
         assert run["steps"] == 2
+        assert run["restores"] == len([e for e in run["guard_events"] if e["action"] == "restore"])
         assert [s for s, _ in run["curve"]][:3] == [0, 1, 2]  # before, then every step
 
 

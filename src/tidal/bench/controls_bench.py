@@ -9,7 +9,8 @@ number of RL steps; only the arm's keys (``ARMS``) differ. Every arm runs the sa
 than the same seconds, so a control that costs time (the KL to the initial model's extra forward)
 is judged on what it learns, and its cost is reported beside it (seconds per step). The guard is
 off (``orchestrator.guard.policy = "off"``), so a collapse shows in the curve instead of being
-undone. Run-config keys given on the command line apply to every arm; an arm's own keys go on top.
+undone, except in the ``guarded`` arm, whose restores are listed beside its figures. Run-config
+keys given on the command line apply to every arm; an arm's own keys go on top.
 
 Reported per family and arm: held-out pass@1 before RL, at every ``eval_every`` steps and after
 the last step; the gain (final minus before), the best evaluation and its step, the largest drop
@@ -44,13 +45,15 @@ ARMS: dict[str, dict[str, Any]] = {
     "kl_behaviour": {"trainer.kl_coef": 0.04, "trainer.kl_reference": "behaviour"},
     "entropy_bonus": {"trainer.entropy_coef": 0.01, "trainer.entropy_floor": 0.1},
     "dual_clip": {"trainer.dual_clip": 3.0},
+    "guarded": {"orchestrator.guard.policy": "restore"},
 }
 """Each arm's keys on top of the run config. defaults: the recipe as it is (cosine schedule, no
 control); constant_lr: no decay (the run issue 17 reports collapsing had a constant rate);
 kl_initial / kl_behaviour: the k3 penalty at GRPO's weight 0.04 (DeepSeekMath) to a frozen copy
 of the model RL began from / to the sampling policy; entropy_bonus: 0.01 x entropy wherever a
 micro-batch's entropy is below 0.1 nats a token (the guard's entropy floor); dual_clip: 3 (the
-dual-clip PPO paper's value)."""
+dual-clip PPO paper's value); guarded: the defaults with the guard on, as `tidal train` runs
+(every other arm has it off), to see whether it catches and undoes what the defaults fall into."""
 
 
 class BenchSection(Section):
@@ -60,7 +63,7 @@ class BenchSection(Section):
     """Environment families (env.name) the arms run on, each from its own mid-training."""
     arms: StrList = ["defaults", "constant_lr", "kl_initial", "entropy_bonus", "dual_clip"]
     """The arms, in order, from ARMS (defaults, constant_lr, kl_initial, kl_behaviour,
-    entropy_bonus, dual_clip)."""
+    entropy_bonus, dual_clip, guarded)."""
     steps: int = Field(120, ge=1)
     """RL steps of every run (orchestrator.steps; the schedule is planned over them). The
     wall-clock budget is set far beyond them so that every arm makes all of its steps."""
@@ -123,7 +126,11 @@ def _one_run(cfg: TidalConfig, run_dir: Path, init) -> dict:
     rows = read_metrics(run_dir / "metrics.jsonl")
     evals = [(r["step"], r["heldout_pass1"]) for r in rows if r.get("kind") == "eval"]
     entropy = [r["train/entropy"] for r in rows if r.get("kind") == "step"]
+    guard = summary.guard or {"events": []}
     return {**curve_figures(evals), "steps": summary.steps,
+            "guard_events": [{k: e[k] for k in ("step", "detector", "action", "restored_step")}
+                             for e in guard["events"]],
+            "restores": sum(e["action"] == "restore" for e in guard["events"]),
             "s_per_step": summary.rl_wall_s / max(summary.steps, 1),
             "entropy_last": entropy[-1] if entropy else None,
             "entropy_min": min(entropy) if entropy else None}
@@ -145,19 +152,21 @@ def curve_figures(evals: list[tuple[int, float]]) -> dict:
 
 
 def _median(runs: list[dict]) -> dict:
-    keys = ("before", "final", "gain_points", "best", "largest_drop_points", "s_per_step")
+    keys = ("before", "final", "gain_points", "best", "largest_drop_points", "s_per_step",
+            "restores")
     return {key: statistics.median(r[key] for r in runs) for key in keys}
 
 
 def _print_table(by_family: dict) -> None:
-    print("held-out pass@1 per arm (medians over rounds; guard off, the same steps each)")
+    print("held-out pass@1 per arm (medians over rounds; the same steps each; guard off but in "
+          "the guarded arm)")
     print(f"{'family':>8} {'arm':>14} {'before':>7} {'final':>7} {'gain':>7} {'best':>7} "
-          f"{'drop':>6} {'s/step':>7}")
+          f"{'drop':>6} {'s/step':>7} {'restores':>8}")
     for family, arms in by_family.items():
         for arm, f in arms.items():
             print(f"{family:>8} {arm:>14} {f['before']:7.3f} {f['final']:7.3f} "
                   f"{f['gain_points']:+7.1f} {f['best']:7.3f} {f['largest_drop_points']:6.1f} "
-                  f"{f['s_per_step']:7.2f}")
+                  f"{f['s_per_step']:7.2f} {f['restores']:8g}")
 
 
 if __name__ == "__main__":
