@@ -18,6 +18,7 @@ from tidal.orchestrator import guard, loop
 from tidal.orchestrator.config import GuardConfig
 from tidal.orchestrator.records import (
     BestCheckpoint,
+    EpisodeMeans,
     EvalRecord,
     RolloutMetrics,
     RunState,
@@ -138,6 +139,69 @@ def test_the_guard_names_the_first_detector_and_the_others_that_fired():
     message = guard.event_message(n, findings, "stop", None, 1.0)
     assert message.startswith("guard: pass_crash at step 145: training pass rate crashed: 0.48 -> 0.30")
     assert "also: invalid_surge" in message and "stopping RL" in message
+
+
+LEDGER_W384 = [
+    (2.875, 53.69, 0.0083, {"syntax_error": 1, "token_budget": 1, "wrong_answer": 14}),
+    (0.3125, 49.06, 0.0107, {"pass": 1, "syntax_error": 1, "wrong_answer": 14}),
+    (0.125, 48.88, 0.0089, {"wrong_answer": 16}), (0.125, 48.94, 0.0107, {"wrong_answer": 16}),
+    (0.25, 48.56, 0.0062, {"pass": 1, "wrong_answer": 15}), (0.4375, 48.94, 0.0092, {"pass": 4, "wrong_answer": 12}),
+    (0.25, 48.69, 0.0093, {"pass": 3, "wrong_answer": 13}),
+    (0.0625, 48.31, 0.0106, {"pass": 4, "syntax_error": 1, "wrong_answer": 11}),
+    (0.25, 48.63, 0.008, {"runtime_error": 1, "wrong_answer": 15}), (0.1875, 48.31, 0.0063, {"wrong_answer": 16}),
+    (0.25, 48.75, 0.0044, {"pass": 1, "syntax_error": 1, "wrong_answer": 14}), (0.0, 48.0, 0.0089, {"wrong_answer": 16}),
+    (1.4375, 52.31, 0.006, {"pass": 3, "token_budget": 1, "wrong_answer": 12}),
+    (0.0625, 48.38, 0.005, {"pass": 2, "wrong_answer": 14}), (0.3125, 48.56, 0.0079, {"wrong_answer": 16}),
+    (0.5625, 48.81, 0.0139, {"syntax_error": 1, "wrong_answer": 15}), (1.0, 49.19, 0.0087, {"wrong_answer": 16}),
+    (6.1875, 54.75, 0.0132, {"pass": 3, "wrong_answer": 13}), (21.06, 69.19, 0.0152, {"wrong_answer": 16}),
+    (31.5, 79.31, 0.0268, {"syntax_error": 2, "token_budget": 2, "wrong_answer": 12}),
+    (49.81, 91.25, 0.0257, {"token_budget": 10, "wrong_answer": 6}),
+    (46.81, 89.0, 0.0233, {"pass": 2, "token_budget": 9, "wrong_answer": 5}),
+]
+"""A measured multi-turn collapse: the first 22 RL steps of `tidal bench horizon` (ledger, W384,
+summary check, 16 episodes a step): per step the tool errors and model turns per episode, the
+train entropy and the episodes' reasons. From step 18 the policy made ever more malformed calls
+(tool errors 0.02 -> 0.11 -> 0.30 -> 0.40 -> 0.55 of turns) until the token budget ended its
+episodes."""
+
+
+def multi_turn_step(n: int, tool_errors: float, turns: float, entropy: float,
+                    reasons: dict[str, int]) -> StepRecord:
+    episodes = sum(reasons.values())
+    p = reasons.get("pass", 0) / episodes
+    r = step(n, p, entropy, 0.0, episodes=episodes)
+    r.rollout = RolloutMetrics(p, r.rollout.reward_std, p, reasons,
+                               EpisodeMeans(turns, 14.0, 11.0 * turns / 48, 19.0, tool_errors))
+    return r
+
+
+def ledger_collapse() -> list[StepRecord]:
+    return [multi_turn_step(n, *row) for n, row in enumerate(LEDGER_W384, start=1)]
+
+
+def test_a_tool_error_surge_is_caught_where_no_other_detector_sees_it():
+    run = ledger_collapse()
+    assert first_firing(guard.ToolErrorSurge(GuardConfig()), run) == 20  # 0.30 at 19, 0.40 at 20
+    for quiet in (guard.PassCrash, guard.InvalidSurge, guard.EntropySurge, guard.RewardCollapse):
+        assert first_firing(quiet(GuardConfig()), run) is None, quiet
+    g = guard.Guard(GuardConfig(), heldout_tasks=32)
+    n, findings = next((r.step, f) for r in run if (f := g.after_step(r)))
+    assert n == 20 and [f.detector for f in findings] == ["tool_error_surge"]
+    assert guard.event_message(n, findings, "stop", None, 1.0).startswith(
+        "guard: tool_error_surge at step 20: tool errors rose to 30% -> 40% of model turns from 2%")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_tool_errors_of_a_healthy_multi_turn_run_are_noise(seed):
+    """16 episodes of ~48 turns a step; one episode in ten has a burst of 1-30 malformed calls
+    (a step's share then jumps between 0 and ~10% of turns): quiet for 500 steps."""
+    rng = random.Random(seed)
+    detector = guard.ToolErrorSurge(GuardConfig())
+    for n in range(1, 501):
+        errors = [rng.randint(1, 30) if rng.random() < 0.1 else 0 for _ in range(16)]
+        turns = [48 + e for e in errors]
+        row = (sum(errors) / 16, sum(turns) / 16, 0.008, {"pass": 3, "wrong_answer": 13})
+        assert detector.feed(multi_turn_step(n, *row)) is None, n
 
 
 def test_reward_collapse_needs_signal_before_and_is_not_saturation():

@@ -68,6 +68,9 @@ class GuardConfig(Section):
     invalid_rise: float = Field(0.25, gt=0, le=1)
     """Invalid-output surge: the share of a step's episodes with an invalid reason at least this
     far above its recent mean (a fraction of the step's episodes)."""
+    tool_error_rise: float = Field(0.25, gt=0, le=1)
+    """Tool-error surge: the share of a step's model turns that were tool errors
+    (episode/tool_errors over episode/turns) at least this far above its recent mean."""
     pass_drop: float = Field(0.3, gt=0, le=1)
     """Training pass-rate crash: the step's pass rate this far below its recent mean."""
 

@@ -1,8 +1,8 @@
 """The guard that watches an RL run: it detects a collapse and restores the best checkpoint or
 stops (orchestrator.guard; docs/training.md, "Stable RL: schedule, controls, guard").
 
-    StepRecord ──> RewardCollapse, PassCrash, InvalidSurge, EntropySurge ─┐
-    EvalRecord ──> heldout_drop (against the best checkpoint so far) ─────┴─> Finding
+    StepRecord ──> RewardCollapse, PassCrash, InvalidSurge, ToolErrorSurge, EntropySurge ─┐
+    EvalRecord ──> heldout_drop (against the best checkpoint so far) ─────────────────────┴─> Finding
         ──> Guard.decide: "restore" | "stop" | "log" (policy, max_restores) ──> GuardEvent
         ──> Run: restore_weights (the best checkpoint, a fresh optimizer for the model RL began
             from), lr_scale × lr_factor, the version counter goes on (published as a new
@@ -185,33 +185,89 @@ def invalid_share(record: StepRecord, reasons: list[str]) -> float | None:
     return sum(counts.get(r, 0) for r in reasons) / total if total else None
 
 
-class InvalidSurge:
-    """The share of invalid-output episodes above its recent mean by ``invalid_rise`` (and by
-    ``noise_sigmas`` standard errors), ``surge_steps`` steps running."""
+class ShareSurge:
+    """A share of each step (of its episodes, of its turns) above its recent mean by ``rise()``
+    (and by ``noise_sigmas`` binomial standard errors over the step's episodes), ``surge_steps``
+    steps running. Subclasses say what share, how far, and how to say it."""
 
-    name = "invalid_surge"
+    name = ""
 
     def __init__(self, cfg: GuardConfig):
         self.cfg = cfg
         self.surge = Surge(cfg, lambda v, w, n: v >= statistics.fmean(w) + self.margin(statistics.fmean(w), n))
 
+    def rise(self) -> float:
+        raise NotImplementedError
+
+    def share(self, record: StepRecord) -> float | None:
+        raise NotImplementedError
+
+    def describe(self, run: list[float], level: float) -> tuple[dict[str, Any], str]:
+        """Evidence beyond the shares and level, and the finding's line."""
+        raise NotImplementedError
+
     def margin(self, level: float, n: int) -> float:
-        return max(self.cfg.invalid_rise, binomial_noise(level, n, self.cfg.noise_sigmas))
+        return max(self.rise(), binomial_noise(level, n, self.cfg.noise_sigmas))
 
     def reset(self) -> None:
         self.surge.reset()
 
     def feed(self, record: StepRecord) -> Finding | None:
-        share = invalid_share(record, self.cfg.invalid_reasons)
+        share = self.share(record)
         if share is None:
             return None
         level = self.surge.level()
         run = self.surge.feed(share, episodes(record))
         if run is None:
             return None
-        return Finding(self.name, {"share": run, "recent_mean": level, "reasons": self.cfg.invalid_reasons},
-                       "invalid output (" + ", ".join(self.cfg.invalid_reasons) + ") rose to "
-                       + " -> ".join(f"{v:.0%}" for v in run) + f" of episodes from {level:.0%}")
+        extra, line = self.describe(run, level)
+        return Finding(self.name, {"share": run, "recent_mean": level,
+                                   "threshold": level + self.margin(level, episodes(record)), **extra}, line)
+
+
+class InvalidSurge(ShareSurge):
+    """The share of a step's episodes whose reason is an invalid-output one (``invalid_reasons``)
+    rising by ``invalid_rise``."""
+
+    name = "invalid_surge"
+
+    def rise(self) -> float:
+        return self.cfg.invalid_rise
+
+    def share(self, record: StepRecord) -> float | None:
+        return invalid_share(record, self.cfg.invalid_reasons)
+
+    def describe(self, run: list[float], level: float) -> tuple[dict[str, Any], str]:
+        return {"reasons": self.cfg.invalid_reasons}, (
+            "invalid output (" + ", ".join(self.cfg.invalid_reasons) + ") rose to "
+            + " -> ".join(f"{v:.0%}" for v in run) + f" of episodes from {level:.0%}")
+
+
+def tool_error_share(record: StepRecord) -> float | None:
+    """Tool errors per model turn over the step's episodes (None: no harness statistics)."""
+    e = record.rollout.episode
+    return e.tool_errors / e.turns if e is not None and e.turns > 0 else None
+
+
+class ToolErrorSurge(ShareSurge):
+    """The share of model turns that were tool errors rising by ``tool_error_rise``. A
+    multi-turn policy that drifts into malformed calls keeps calling until its token budget ends
+    the episode: its episodes still end "wrong_answer" or "token_budget", not with an invalid
+    reason, and its entropy rises only a little (ledger, W384: tool errors 0.02 -> 0.11 -> 0.30
+    -> 0.40 -> 0.55 of turns in four steps, entropy 0.009 -> 0.027), so neither invalid_surge
+    nor entropy_surge sees it."""
+
+    name = "tool_error_surge"
+
+    def rise(self) -> float:
+        return self.cfg.tool_error_rise
+
+    def share(self, record: StepRecord) -> float | None:
+        return tool_error_share(record)
+
+    def describe(self, run: list[float], level: float) -> tuple[dict[str, Any], str]:
+        return {}, ("tool errors rose to " + " -> ".join(f"{v:.0%}" for v in run)
+                    + f" of model turns from {level:.0%}")
 
 
 class EntropySurge:
@@ -240,7 +296,7 @@ class EntropySurge:
                        + f" against a recent median of {median:.3f}")
 
 
-STEP_DETECTORS = (RewardCollapse, PassCrash, InvalidSurge, EntropySurge)
+STEP_DETECTORS = (RewardCollapse, PassCrash, InvalidSurge, ToolErrorSurge, EntropySurge)
 """In the order an event names them when several fire on one step."""
 
 
