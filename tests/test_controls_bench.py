@@ -1,5 +1,6 @@
 """`tidal bench controls` at toy size: each arm runs with its own keys and nothing else changed,
-the same steps each, guard off but in the guarded arm; and the curve figures (best, largest drop) of a known curve."""
+the same steps each, guard off but in the guarded arm; and the curve and guard figures of known
+runs."""
 
 import tomllib
 
@@ -7,7 +8,7 @@ import pytest
 
 from tidal.bench import controls_bench
 from tidal.bench.config import parse
-from tidal.bench.controls_bench import ARMS, curve_figures, run_controls
+from tidal.bench.controls_bench import ARMS, curve_figures, guard_figures, run_controls
 from tidal.config import ConfigError
 from tidal.model.checkpoint import save_pretrained
 from tidal.model.qwen3 import build_model
@@ -23,6 +24,19 @@ def test_curve_figures_of_a_known_curve():
     assert f["gain_points"] == pytest.approx(35.0)
     assert (f["best"], f["best_step"]) == (0.6, 60)
     assert f["largest_drop_points"] == pytest.approx(20.0)  # 0.5 at step 20, then 0.3
+
+
+def test_guard_figures_count_restores_not_stops():
+    event = {"detector": "heldout_drop", "evidence": {}, "lr_scale": 0.5, "version": 9, "wall_s": 1.0}
+    guard = {"policy": "restore", "events": [
+        {**event, "step": 40, "action": "restore", "restored_step": 20},
+        {**event, "step": 80, "action": "stop", "restored_step": None}]}
+    f = guard_figures(guard)
+    assert f["restores"] == 1
+    assert f["guard_events"] == [
+        {"step": 40, "detector": "heldout_drop", "action": "restore", "restored_step": 20},
+        {"step": 80, "detector": "heldout_drop", "action": "stop", "restored_step": None}]
+    assert guard_figures(None) == {"guard_events": [], "restores": 0}
 
 
 def test_each_arm_runs_its_own_keys_and_the_same_steps(tmp_path):
@@ -47,7 +61,8 @@ def test_each_arm_runs_its_own_keys_and_the_same_steps(tmp_path):
         assert figures["keys"] == ARMS[arm]
         (run,) = figures["runs"]
         assert run["steps"] == 2
-        assert run["restores"] == len([e for e in run["guard_events"] if e["action"] == "restore"])
+        if arm != "guarded":
+            assert run["guard_events"] == [] and run["restores"] == 0
         assert [s for s, _ in run["curve"]][:3] == [0, 1, 2]  # before, then every step
 
 

@@ -194,7 +194,7 @@ def test_a_tool_error_surge_is_caught_where_no_other_detector_sees_it():
 @pytest.mark.parametrize("seed", range(5))
 def test_tool_errors_of_a_healthy_multi_turn_run_are_noise(seed):
     """16 episodes of ~48 turns a step; one episode in ten has a burst of 1-30 malformed calls
-    (a step's share then jumps between 0 and ~10% of turns): quiet for 500 steps."""
+    (a step's share then moves between 0 and 15% of turns): quiet for 500 steps."""
     rng = random.Random(seed)
     detector = guard.ToolErrorSurge(GuardConfig())
     for n in range(1, 501):

@@ -126,14 +126,19 @@ def _one_run(cfg: TidalConfig, run_dir: Path, init) -> dict:
     rows = read_metrics(run_dir / "metrics.jsonl")
     evals = [(r["step"], r["heldout_pass1"]) for r in rows if r.get("kind") == "eval"]
     entropy = [r["train/entropy"] for r in rows if r.get("kind") == "step"]
-    guard = summary.guard or {"events": []}
-    return {**curve_figures(evals), "steps": summary.steps,
-            "guard_events": [{k: e[k] for k in ("step", "detector", "action", "restored_step")}
-                             for e in guard["events"]],
-            "restores": sum(e["action"] == "restore" for e in guard["events"]),
+    return {**curve_figures(evals), **guard_figures(summary.guard), "steps": summary.steps,
             "s_per_step": summary.rl_wall_s / max(summary.steps, 1),
             "entropy_last": entropy[-1] if entropy else None,
             "entropy_min": min(entropy) if entropy else None}
+
+
+def guard_figures(guard: dict | None) -> dict:
+    """A run's guard events (step, detector, action, restored step) and its restores, from the
+    summary's ``guard`` (None: the guard was off)."""
+    events = (guard or {}).get("events", [])
+    return {"guard_events": [{k: e[k] for k in ("step", "detector", "action", "restored_step")}
+                             for e in events],
+            "restores": sum(e["action"] == "restore" for e in events)}
 
 
 def curve_figures(evals: list[tuple[int, float]]) -> dict:
