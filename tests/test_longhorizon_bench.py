@@ -15,12 +15,12 @@ from tidal.config import ConfigError
 from tidal.telemetry.metrics import read_metrics
 
 TOY = ["--bench.windows", "320", "--bench.horizon", "2.5", "--bench.demo_episodes", "4",
-       "--bench.drill_s", "2", "--pretrain.time_budget_s", "2", "--orchestrator.steps", "1",
+       "--bench.drill_steps", "3", "--pretrain.max_steps", "2", "--orchestrator.steps", "1",
        "--orchestrator.tasks_per_step", "1", "--orchestrator.group_size", "2",
        "--orchestrator.heldout_tasks", "2", f"--{THREADS_KEY}", "1",
        "--bench.modes", "summarize,summarize_check,truncate"]
 """Episodes 2.5 windows long (long enough that a sliding window has dropped every step by the
-time f is written), seconds of mid-training, one RL step of 2 episodes per mode (all three), 2
+time f is written), a few steps of mid-training, one RL step of 2 episodes per mode (all three), 2
 held-out tasks."""
 
 
@@ -105,6 +105,8 @@ def test_a_second_invocation_reuses_the_mid_trained_model(toy, monkeypatch):
     again = run_horizon_bench(bench, cfg, progress=False)
     assert first["midtrain"]["reused"] is False and again["midtrain"]["reused"] is True
     assert again["midtrain"]["model"] == first["midtrain"]["model"]
+    # Each stage ends on its own steps (the drill's and the compared windows'), not the clock.
+    assert (first["midtrain"]["drill"]["steps"], first["midtrain"]["steps"]) == (3, 2)
     assert again["by_window"]["320"]["rl_summarize"]["steps"] == 0
 
 
@@ -117,6 +119,8 @@ def test_budgets_are_labelled_by_what_ran():
     assert label("--trainer.lr", "3e-4") == "full"  # not a budget
     assert label("--orchestrator.time_budget_s", "60") == "custom"
     assert label("--quick", "--bench.drill_s", "0") == "custom"
+    assert label("--bench.drill_steps", "900") == "custom"
+    assert label("--pretrain.max_steps", "300") == "custom"
 
 
 @pytest.mark.parametrize("args, words", [

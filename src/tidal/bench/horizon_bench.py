@@ -99,7 +99,7 @@ DEFAULTS = {
     "orchestrator.steps": 200, "orchestrator.time_budget_s": 180.0,
     "orchestrator.heldout_tasks": 32, "orchestrator.eval_samples_per_task": 1,
     "orchestrator.eval_every": 0, "orchestrator.checkpoint_every": 0,
-    "pretrain.time_budget_s": 300.0, "pretrain.max_steps": 1_000_000, "pretrain.lr": 3e-3,
+    "pretrain.max_steps": 600, "pretrain.time_budget_s": 1800.0, "pretrain.lr": 3e-3,
     "pretrain.batch_size": 16, "pretrain.warmup_steps": 30, "pretrain.log_every": 50,
     "sync.transport": "filesystem",
     THREADS_KEY: 2,
@@ -109,16 +109,18 @@ module docstring): RL steps of 4 tasks x 4 episodes for 180 s at lr 3e-4 (the re
 2 warm-up steps, held there (a wall-clock budget of ~10 steps ends long before a decay planned
 over orchestrator.steps), the dense summary reward (in the summarize_check arm) weighted 2 against
 the episode's group-normalised advantage, 32 held-out tasks; mid-training on
-the compared windows for 300 s at lr 3e-3 (the budget, not max_steps, ends it); perfect expert
+the compared windows for 600 steps at lr 3e-3 (cosine to 10%; the 1800 s budget is a safety net,
+so the model before RL is the same on a slower machine, only later); perfect expert
 summaries in the demonstrations (env.args.summary_slip_rate 0); 2 torch threads for the
 in-process worker's engine, as for the trainer; weights handed to the in-process worker through
 the filesystem."""
 
-QUICK = {"bench.demo_episodes": 2000, "bench.drill_s": 150.0, "pretrain.time_budget_s": 150.0,
+QUICK = {"bench.demo_episodes": 2000, "bench.drill_steps": 300, "pretrain.max_steps": 150,
          "orchestrator.time_budget_s": 45.0, "orchestrator.heldout_tasks": 16}
 """--quick: shorter budgets (figures from these are labelled "quick" in the JSON)."""
 
-BUDGET_KEYS = ("bench.demo_episodes", "bench.drill_s", "pretrain.time_budget_s", "pretrain.max_steps",
+BUDGET_KEYS = ("bench.demo_episodes", "bench.drill_steps", "bench.drill_s", "pretrain.time_budget_s",
+               "pretrain.max_steps",
                "orchestrator.time_budget_s", "orchestrator.steps", "orchestrator.heldout_tasks",
                "model.init_from")
 """What decides how much the figures are worth: "full" only with the defaults of all of them."""
@@ -154,9 +156,16 @@ class BenchSection(Section):
     the expert's episode never ends.)"""
     drill_files: int = Field(12, ge=2)
     """Files per drill task (its episodes are short: only the copying is drilled)."""
-    drill_s: float = Field(300.0, ge=0)
-    """Wall-clock budget of the drill stage, seconds (0 = no drill); the compared windows' stage
-    has pretrain.time_budget_s."""
+    drill_steps: int = Field(1200, ge=0)
+    """Optimizer steps of the drill stage (0 = no drill); the compared windows' stage has
+    pretrain.max_steps. Both stages end on steps, so the model RL starts from does not depend
+    on the machine's speed: with 300 s a stage instead, one AMD EPYC made 760 drill and 438
+    window steps (success before RL 0.125) and a slower one with the same flags 675 and 306
+    (0.031)."""
+    drill_s: float = Field(1800.0, ge=0)
+    """Wall-clock safety net of the drill stage, seconds (0 = no drill; a stage cut by its budget
+    anneals against the clock and is not reproducible, and says so); the compared windows'
+    stage has pretrain.time_budget_s."""
     runs_dir: str | None = None
     """Folder of the RL runs, one per window and mode (W384-summarize/, ...: config.toml,
     metrics.jsonl, summary.json, the final checkpoint); unset = runs/horizon-<date-time>."""

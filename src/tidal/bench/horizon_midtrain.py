@@ -1,13 +1,13 @@
 """The horizon benchmark's mid-training: the expert's demonstrations, drilled, then at each window.
 
-    drill: demonstrations at bench.drill_window, drill_files per task, for bench.drill_s
-        ──> compared windows: demonstrations at each window, for pretrain.time_budget_s
+    drill: demonstrations at bench.drill_window, drill_files per task, for bench.drill_steps
+        ──> compared windows: demonstrations at each window, for pretrain.max_steps
         ──> pretrain.cache_dir/horizon-<key>/model (the model both modes' RL starts from)
 
 Both stages are tidal's own mid-training (``tidal.pretrain.loop.pretrain``) on demonstration
 rows (``demos.demo_rows``: one row per segment, loss on the expert's turns and summaries only)
 with the run config's ``[pretrain]`` and ``[model]`` sections; only the sequence length (the
-stage's window) and, for the drill, the budget are the stage's. The result is cached under a
+stage's window) and, for the drill, the budget (bench.drill_steps, bench.drill_s) are the stage's. The result is cached under a
 key of everything that made it, and a second invocation with the same settings reuses it.
 """
 
@@ -42,7 +42,8 @@ def midtrain_key(bench, cfg: TidalConfig, windows: list[LedgerWindow], harness: 
     from tidal.pretrain.cache import NOT_HASHED
 
     what = {"bench": bench.model_dump(mode="json", include={"windows", "horizon", "demo_episodes",
-                                                            "drill_window", "drill_files", "drill_s"}),
+                                                            "drill_window", "drill_files", "drill_steps",
+                                                            "drill_s"}),
             "seed": run_seed(cfg),
             "model": cfg.model.model_dump(mode="json"),
             "pretrain": cfg.pretrain.model_dump(mode="json", exclude=NOT_HASHED["pretrain"]),
@@ -70,7 +71,7 @@ def midtrain(bench, cfg: TidalConfig, windows: list[LedgerWindow], harness: RunH
     facts: dict = {}
     seq_len = max(w.window for w in windows)
     stage_cfg = with_keys(cfg, {"pretrain.seq_len": seq_len})
-    if bench.drill_s > 0:
+    if bench.drill_steps > 0 and bench.drill_s > 0:
         facts["drill"] = drill(bench, cfg, staging / "drill", windows[0].ledger, harness, progress)
         stage_cfg = with_keys(stage_cfg, {"model.init_from": str(staging / "drill" / MODEL_DIR)})
     per_window = max(1, bench.demo_episodes // len(windows))
@@ -92,6 +93,7 @@ def drill(bench, cfg: TidalConfig, out: Path, like: LedgerConfig, harness: RunHa
                                           "corpus_window": bench.drill_window})
     drill_harness = harness(harness_for(bench.drill_window, "summarize", max_ops=ledger.max_ops))
     drill_cfg = with_keys(cfg, {"pretrain.seq_len": bench.drill_window,
+                                "pretrain.max_steps": bench.drill_steps,
                                 "pretrain.time_budget_s": bench.drill_s})
     episodes = max(1, bench.demo_episodes // 2)
     return midtrain_stage(drill_cfg, out, [(ledger, bench.drill_window, drill_harness)], episodes,
