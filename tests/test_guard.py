@@ -141,6 +141,29 @@ def test_the_guard_names_the_first_detector_and_the_others_that_fired():
     assert "also: invalid_surge" in message and "stopping RL" in message
 
 
+LEDGER_W384_HEALTHY = [(6, 0.003), (9, 0.0023), (2, 0.0023), (2, 0.0032), (4, 0.0031), (14, 0.0012),
+                       (8, 0.0019), (13, 0.0012), (13, 0.0009), (8, 0.0023), (4, 0.0016), (7, 0.0019),
+                       (13, 0.0007), (12, 0.0008), (0, 0.003), (10, 0.0019), (4, 0.0022), (3, 0.0034),
+                       (6, 0.0029)]
+"""A measured healthy run: the first 19 RL steps of `tidal bench horizon` (ledger, W384, summary
+check, 4 tasks x 4 episodes a step, from a model at held-out 0.344 that still had it after RL):
+per step the episodes solved of 16 and the train entropy. A near-deterministic policy solves a
+task in all of its group or in none, so the step's pass rate moves with the tasks it drew."""
+
+
+def test_a_pass_rate_that_moves_with_the_tasks_drawn_is_not_a_crash():
+    run = [step(n, passed / 16, entropy, 0.0, episodes=16)
+           for n, (passed, entropy) in enumerate(LEDGER_W384_HEALTHY, start=1)]
+    # Against the binomial error over 16 episodes alone, steps 17-18 (0.25, 0.19 against a
+    # recent mean of 0.64) are a crash: that restored this run's step-0 model at step 18.
+    window = [r.rollout.pass_rate for r in run[5:16] if r.step != 15]
+    level = statistics.fmean(window)
+    assert all(r.rollout.pass_rate < level - guard.binomial_noise(level, 16, 3.0) for r in run[16:18])
+    assert first_firing(guard.PassCrash(GuardConfig()), run) is None
+    g = guard.Guard(GuardConfig(), heldout_tasks=32)
+    assert [(r.step, f) for r in run if (f := g.after_step(r))] == []
+
+
 LEDGER_W384 = [
     (2.875, 53.69, 0.0083, {"syntax_error": 1, "token_budget": 1, "wrong_answer": 14}),
     (0.3125, 49.06, 0.0107, {"pass": 1, "syntax_error": 1, "wrong_answer": 14}),
