@@ -227,6 +227,64 @@ def test_tool_errors_of_a_healthy_multi_turn_run_are_noise(seed):
         assert detector.feed(multi_turn_step(n, *row)) is None, n
 
 
+LEDGER_W384_LR1E3 = [
+    (0.0, 48.0, 0.003, {"pass": 6, "wrong_answer": 10}), (0.0, 48.5, 0.002, {"pass": 9, "wrong_answer": 7}),
+    (0.12, 49.0, 0.0026, {"pass": 2, "wrong_answer": 14}),
+    (0.0, 48.69, 0.0022, {"pass": 3, "syntax_error": 1, "wrong_answer": 12}),
+    (1.5, 49.81, 0.0037, {"pass": 3, "syntax_error": 1, "wrong_answer": 12}),
+    (2.88, 54.88, 0.0038, {"pass": 7, "syntax_error": 1, "token_budget": 1, "wrong_answer": 7}),
+    (6.75, 64.06, 0.0068, {"pass": 2, "syntax_error": 2, "token_budget": 3, "wrong_answer": 9}),
+    (2.69, 53.25, 0.0024, {"pass": 12, "token_budget": 2, "wrong_answer": 2}),
+    (0.19, 48.62, 0.0024, {"pass": 8, "wrong_answer": 8}),
+    (0.12, 48.5, 0.0029, {"pass": 8, "syntax_error": 1, "wrong_answer": 7}),
+    (0.56, 49.56, 0.0049, {"syntax_error": 2, "wrong_answer": 14}), (0.06, 48.06, 0.0025, {"pass": 6, "wrong_answer": 10}),
+    (0.06, 48.62, 0.0016, {"pass": 6, "wrong_answer": 10}),
+    (0.06, 48.62, 0.0023, {"pass": 11, "syntax_error": 1, "wrong_answer": 4}),
+    (0.12, 48.19, 0.0025, {"wrong_answer": 16}), (0.06, 48.06, 0.0026, {"pass": 7, "wrong_answer": 9}),
+    (0.0, 48.0, 0.0023, {"pass": 5, "wrong_answer": 11}),
+    (0.0, 48.69, 0.0031, {"pass": 3, "runtime_error": 1, "wrong_answer": 12}),
+    (0.06, 46.38, 0.0027, {"pass": 8, "wrong_answer": 8}), (0.38, 49.38, 0.0051, {"pass": 4, "wrong_answer": 12}),
+    (0.06, 48.5, 0.0026, {"pass": 5, "wrong_answer": 11}), (0.12, 48.62, 0.0023, {"pass": 8, "wrong_answer": 8}),
+    (0.38, 48.38, 0.0033, {"wrong_answer": 16}), (0.06, 48.38, 0.0018, {"pass": 7, "wrong_answer": 9}),
+    (0.31, 48.69, 0.002, {"pass": 7, "wrong_answer": 9}), (1.0, 51.19, 0.0041, {"pass": 4, "wrong_answer": 12}),
+    (5.06, 90.0, 0.0062, {"pass": 3, "token_budget": 3, "turn_budget": 8, "wrong_answer": 2}),
+    (16.81, 78.75, 0.1123, {"token_budget": 10, "turn_budget": 2, "wrong_answer": 4}),
+    (17.31, 97.75, 0.0124, {"token_budget": 10, "turn_budget": 5, "wrong_answer": 1}),
+    (41.88, 68.19, 0.0308, {"token_budget": 15, "wrong_answer": 1}),
+    (55.94, 55.94, 0.0216, {"token_budget": 16}),
+]
+"""A second measured multi-turn collapse: the first 31 RL steps of `tidal bench horizon` (ledger,
+W384, summary check, lr 1e-3, from a model at held-out 0.344). From step 27 the episodes stopped
+finishing (turns per episode 51 -> 90, 11 of 16 ended on the turn or token budget) while tool
+errors were still 6% of turns; at step 31 every call was malformed. The guard of the time fired
+tool_error_surge at step 31 and restored the step-0 model."""
+
+
+def test_episodes_that_stop_finishing_are_caught_before_their_calls_turn_malformed():
+    run = [multi_turn_step(n, *row) for n, row in enumerate(LEDGER_W384_LR1E3, start=1)]
+    assert first_firing(guard.BudgetSurge(GuardConfig()), run) == 28  # 11/16, then 12/16
+    assert first_firing(guard.ToolErrorSurge(GuardConfig()), run) == 31
+    g = guard.Guard(GuardConfig(), heldout_tasks=32)
+    n, findings = next((r.step, f) for r in run if (f := g.after_step(r)))
+    assert n == 28 and findings[0].detector == "budget_surge"
+    assert guard.event_message(n, findings, "stop", None, 1.0).startswith(
+        "guard: budget_surge at step 28: episodes ended on a budget (turn_budget, token_budget) "
+        "rose to 69% -> 75% of episodes from")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_few_episodes_on_their_budget_are_noise(seed):
+    """16 episodes a step, each ending on a budget with chance 0.06 (the healthy steps above: 6
+    of 400 episodes): quiet for 500 steps."""
+    rng = random.Random(seed)
+    detector = guard.BudgetSurge(GuardConfig())
+    for n in range(1, 501):
+        budget = sum(rng.random() < 0.06 for _ in range(16))
+        row = (0.1, 48.0, 0.003, {"pass": 4, "token_budget": budget, "wrong_answer": 12 - budget}
+               if budget <= 12 else {"token_budget": 16})
+        assert detector.feed(multi_turn_step(n, *row)) is None, n
+
+
 def test_reward_collapse_needs_signal_before_and_is_not_saturation():
     detector = guard.RewardCollapse(GuardConfig())
     never_solved = [step(n, 0.0, 0.5, 0.0) for n in range(1, 20)]

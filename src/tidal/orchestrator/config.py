@@ -10,6 +10,8 @@ from tidal.section import Section
 INVALID_REASONS = ("syntax_error", "no_result")
 """Episode reasons that mean the model's output was not a program at all: funcs' and fixit's
 "syntax_error", tidal.env.grading's "no_result" (the program printed no verdict)."""
+BUDGET_REASONS = ("turn_budget", "token_budget")
+"""Episode reasons that mean the harness ended an episode that never finished (tidal.harness)."""
 
 
 class GuardConfig(Section):
@@ -68,6 +70,11 @@ class GuardConfig(Section):
     invalid_rise: float = Field(0.25, gt=0, le=1)
     """Invalid-output surge: the share of a step's episodes with an invalid reason at least this
     far above its recent mean (a fraction of the step's episodes)."""
+    budget_reasons: list[str] = Field(default_factory=lambda: list(BUDGET_REASONS))
+    """Episode reasons that count as an episode that never finished (budget_surge)."""
+    budget_rise: float = Field(0.25, gt=0, le=1)
+    """Budget surge: the share of a step's episodes the harness ended on a budget
+    (budget_reasons) at least this far above its recent mean."""
     tool_error_rise: float = Field(0.25, gt=0, le=1)
     """Tool-error surge: the share of a step's model turns that were tool errors
     (episode/tool_errors over episode/turns) at least this far above its recent mean."""

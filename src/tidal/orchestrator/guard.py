@@ -1,7 +1,8 @@
 """The guard that watches an RL run: it detects a collapse and restores the best checkpoint or
 stops (orchestrator.guard; docs/training.md, "Stable RL: schedule, controls, guard").
 
-    StepRecord ──> RewardCollapse, PassCrash, InvalidSurge, ToolErrorSurge, EntropySurge ─┐
+    StepRecord ──> RewardCollapse, PassCrash, InvalidSurge, BudgetSurge, ToolErrorSurge,
+                   EntropySurge ─────────────────────────────────────────────────────────┐
     EvalRecord ──> heldout_drop (against the best checkpoint so far) ─────────────────────┴─> Finding
         ──> Guard.decide: "restore" | "stop" | "log" (policy, max_restores) ──> GuardEvent
         ──> Run: restore_weights (the best checkpoint, a fresh optimizer for the model RL began
@@ -189,8 +190,8 @@ class PassCrash:
                        + f" against a recent mean of {level:.2f}")
 
 
-def invalid_share(record: StepRecord, reasons: list[str]) -> float | None:
-    """The share of the step's episodes whose reason is an invalid-output one (None: none)."""
+def reason_share(record: StepRecord, reasons: list[str]) -> float | None:
+    """The share of the step's episodes whose reason is one of ``reasons`` (None: no episodes)."""
     counts = record.rollout.reasons
     total = sum(counts.values())
     return sum(counts.get(r, 0) for r in reasons) / total if total else None
@@ -246,11 +247,33 @@ class InvalidSurge(ShareSurge):
         return self.cfg.invalid_rise
 
     def share(self, record: StepRecord) -> float | None:
-        return invalid_share(record, self.cfg.invalid_reasons)
+        return reason_share(record, self.cfg.invalid_reasons)
 
     def describe(self, run: list[float], level: float) -> tuple[dict[str, Any], str]:
         return {"reasons": self.cfg.invalid_reasons}, (
             "invalid output (" + ", ".join(self.cfg.invalid_reasons) + ") rose to "
+            + " -> ".join(f"{v:.0%}" for v in run) + f" of episodes from {level:.0%}")
+
+
+class BudgetSurge(ShareSurge):
+    """The share of a step's episodes that the harness ended on its turn or token budget
+    (``budget_reasons``) rising by ``budget_rise``. A multi-turn policy that loses its way keeps
+    calling tools and never submits, before (or without) its calls turning malformed. Measured
+    (ledger, W384, lr 1e-3): episodes ending on a budget went 0 -> 11 -> 12 -> 15 -> 16 of 16 over
+    steps 26-30 and turns per episode 51 -> 90, while tool errors were still 6% and 21% of turns
+    at steps 27 and 28; this fires at step 28, tool_error_surge at step 31."""
+
+    name = "budget_surge"
+
+    def rise(self) -> float:
+        return self.cfg.budget_rise
+
+    def share(self, record: StepRecord) -> float | None:
+        return reason_share(record, self.cfg.budget_reasons)
+
+    def describe(self, run: list[float], level: float) -> tuple[dict[str, Any], str]:
+        return {"reasons": self.cfg.budget_reasons}, (
+            "episodes ended on a budget (" + ", ".join(self.cfg.budget_reasons) + ") rose to "
             + " -> ".join(f"{v:.0%}" for v in run) + f" of episodes from {level:.0%}")
 
 
@@ -307,7 +330,7 @@ class EntropySurge:
                        + f" against a recent median of {median:.3f}")
 
 
-STEP_DETECTORS = (RewardCollapse, PassCrash, InvalidSurge, ToolErrorSurge, EntropySurge)
+STEP_DETECTORS = (RewardCollapse, PassCrash, InvalidSurge, BudgetSurge, ToolErrorSurge, EntropySurge)
 """In the order an event names them when several fire on one step."""
 
 

@@ -263,7 +263,7 @@ class GuardEvent:
     """Steps trained when it was seen."""
     detector: str
     """The detector that fired first: "heldout_drop", "reward_collapse", "pass_crash",
-    "invalid_surge", "tool_error_surge" or "entropy_surge"."""
+    "invalid_surge", "budget_surge", "tool_error_surge" or "entropy_surge"."""
     evidence: dict[str, Any]
     """The figures it judged (the value, its recent level, the threshold...); ``also``: the
     other detectors that fired on the same record."""
