@@ -237,25 +237,38 @@ class ShareSurge:
                                    "threshold": level + self.margin(level, episodes(record)), **extra}, line)
 
 
-class InvalidSurge(ShareSurge):
+class ReasonSurge(ShareSurge):
+    """The share of a step's episodes whose reason is one of ``reasons()`` rising by ``rise()``;
+    ``what`` names those episodes in the finding's line."""
+
+    what = ""
+
+    def reasons(self) -> list[str]:
+        raise NotImplementedError
+
+    def share(self, record: StepRecord) -> float | None:
+        return reason_share(record, self.reasons())
+
+    def describe(self, run: list[float], level: float) -> tuple[dict[str, Any], str]:
+        return {"reasons": self.reasons()}, (
+            f"{self.what} (" + ", ".join(self.reasons()) + ") rose to "
+            + " -> ".join(f"{v:.0%}" for v in run) + f" of episodes from {level:.0%}")
+
+
+class InvalidSurge(ReasonSurge):
     """The share of a step's episodes whose reason is an invalid-output one (``invalid_reasons``)
     rising by ``invalid_rise``."""
 
-    name = "invalid_surge"
+    name, what = "invalid_surge", "invalid output"
 
     def rise(self) -> float:
         return self.cfg.invalid_rise
 
-    def share(self, record: StepRecord) -> float | None:
-        return reason_share(record, self.cfg.invalid_reasons)
-
-    def describe(self, run: list[float], level: float) -> tuple[dict[str, Any], str]:
-        return {"reasons": self.cfg.invalid_reasons}, (
-            "invalid output (" + ", ".join(self.cfg.invalid_reasons) + ") rose to "
-            + " -> ".join(f"{v:.0%}" for v in run) + f" of episodes from {level:.0%}")
+    def reasons(self) -> list[str]:
+        return self.cfg.invalid_reasons
 
 
-class BudgetSurge(ShareSurge):
+class BudgetSurge(ReasonSurge):
     """The share of a step's episodes that the harness ended on its turn or token budget
     (``budget_reasons``) rising by ``budget_rise``. A multi-turn policy that loses its way keeps
     calling tools and never submits, before (or without) its calls turning malformed. Measured
@@ -263,18 +276,13 @@ class BudgetSurge(ShareSurge):
     steps 26-30 and turns per episode 51 -> 90, while tool errors were still 6% and 21% of turns
     at steps 27 and 28; this fires at step 28, tool_error_surge at step 31."""
 
-    name = "budget_surge"
+    name, what = "budget_surge", "episodes ended on a budget"
 
     def rise(self) -> float:
         return self.cfg.budget_rise
 
-    def share(self, record: StepRecord) -> float | None:
-        return reason_share(record, self.cfg.budget_reasons)
-
-    def describe(self, run: list[float], level: float) -> tuple[dict[str, Any], str]:
-        return {"reasons": self.cfg.budget_reasons}, (
-            "episodes ended on a budget (" + ", ".join(self.cfg.budget_reasons) + ") rose to "
-            + " -> ".join(f"{v:.0%}" for v in run) + f" of episodes from {level:.0%}")
+    def reasons(self) -> list[str]:
+        return self.cfg.budget_reasons
 
 
 def tool_error_share(record: StepRecord) -> float | None:
