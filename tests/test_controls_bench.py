@@ -8,7 +8,7 @@ import pytest
 
 from tidal.bench import controls_bench
 from tidal.bench.config import parse
-from tidal.bench.controls_bench import ARMS, curve_figures, guard_figures, run_controls
+from tidal.bench.controls_bench import ARMS, curve_figures, entropy_figures, guard_figures, run_controls
 from tidal.config import ConfigError
 from tidal.model.checkpoint import save_pretrained
 from tidal.model.qwen3 import build_model
@@ -37,6 +37,16 @@ def test_guard_figures_count_restores_not_stops():
         {"step": 40, "detector": "heldout_drop", "action": "restore", "restored_step": 20},
         {"step": 80, "detector": "heldout_drop", "action": "stop", "restored_step": None}]
     assert guard_figures(None) == {"guard_events": [], "restores": 0}
+
+
+def test_entropy_figures_skip_the_step_that_restored():
+    """A guarded run's restore step trained nothing and has no train/ figures (a fixit run of the
+    guarded arm stopped on a KeyError there)."""
+    rows = [{"kind": "eval", "step": 0}, {"kind": "step", "step": 1, "train/entropy": 0.3},
+            {"kind": "step", "step": 2, "train/entropy": 0.1}, {"kind": "guard", "step": 2},
+            {"kind": "step", "step": 3}, {"kind": "step", "step": 4, "train/entropy": 0.2}]
+    assert entropy_figures(rows) == {"entropy_last": 0.2, "entropy_min": 0.1}
+    assert entropy_figures([{"kind": "step", "step": 1}]) == {"entropy_last": None, "entropy_min": None}
 
 
 def test_each_arm_runs_its_own_keys_and_the_same_steps(tmp_path):

@@ -125,10 +125,15 @@ def _one_run(cfg: TidalConfig, run_dir: Path, init) -> dict:
     summary = run_rl(cfg, new_run_dir(cfg, run_dir), init, progress=False)
     rows = read_metrics(run_dir / "metrics.jsonl")
     evals = [(r["step"], r["heldout_pass1"]) for r in rows if r.get("kind") == "eval"]
-    entropy = [r["train/entropy"] for r in rows if r.get("kind") == "step"]
-    return {**curve_figures(evals), **guard_figures(summary.guard), "steps": summary.steps,
-            "s_per_step": summary.rl_wall_s / max(summary.steps, 1),
-            "entropy_last": entropy[-1] if entropy else None,
+    return {**curve_figures(evals), **guard_figures(summary.guard), **entropy_figures(rows),
+            "steps": summary.steps, "s_per_step": summary.rl_wall_s / max(summary.steps, 1)}
+
+
+def entropy_figures(rows: list[dict]) -> dict:
+    """The train entropy of the last step that trained and its minimum over the run. A step
+    that trained nothing (the one that restored a checkpoint) has no ``train/`` figures."""
+    entropy = [r["train/entropy"] for r in rows if r.get("kind") == "step" and "train/entropy" in r]
+    return {"entropy_last": entropy[-1] if entropy else None,
             "entropy_min": min(entropy) if entropy else None}
 
 
