@@ -119,9 +119,8 @@ QUICK = {"bench.demo_episodes": 2000, "bench.drill_steps": 300, "pretrain.max_st
          "orchestrator.time_budget_s": 45.0, "orchestrator.heldout_tasks": 16}
 """--quick: shorter budgets (figures from these are labelled "quick" in the JSON)."""
 
-BUDGET_KEYS = ("bench.demo_episodes", "bench.drill_steps", "bench.drill_s", "pretrain.time_budget_s",
-               "pretrain.max_steps",
-               "orchestrator.time_budget_s", "orchestrator.steps", "orchestrator.heldout_tasks",
+BUDGET_KEYS = ("bench.demo_episodes", "bench.drill_steps", "bench.drill_s", "pretrain.max_steps",
+               "pretrain.time_budget_s", "orchestrator.time_budget_s", "orchestrator.steps", "orchestrator.heldout_tasks",
                "model.init_from")
 """What decides how much the figures are worth: "full" only with the defaults of all of them."""
 

@@ -7,8 +7,9 @@
 Both stages are tidal's own mid-training (``tidal.pretrain.loop.pretrain``) on demonstration
 rows (``demos.demo_rows``: one row per segment, loss on the expert's turns and summaries only)
 with the run config's ``[pretrain]`` and ``[model]`` sections; only the sequence length (the
-stage's window) and, for the drill, the budget (bench.drill_steps, bench.drill_s) are the stage's. The result is cached under a
-key of everything that made it, and a second invocation with the same settings reuses it.
+stage's window) and, for the drill, the budget (bench.drill_steps, bench.drill_s) are the
+stage's. The result is cached under a key of everything that made it, and a second invocation
+with the same settings reuses it.
 """
 
 from __future__ import annotations

@@ -272,8 +272,8 @@ class BudgetSurge(ReasonSurge):
     """The share of a step's episodes that the harness ended on its turn or token budget
     (``budget_reasons``) rising by ``budget_rise``. A multi-turn policy that loses its way keeps
     calling tools and never submits, before (or without) its calls turning malformed. Measured
-    (ledger, W384, lr 1e-3): episodes ending on a budget went 0 -> 11 -> 12 -> 15 -> 16 of 16 over
-    steps 26-30 and turns per episode 51 -> 90, while tool errors were still 6% and 21% of turns
+    (ledger, W384, lr 1e-3): episodes ending on a budget went 0 -> 11 -> 12 -> 15 -> 15 -> 16 of
+    16 over steps 26-31 and turns per episode 51 -> 90, while tool errors were still 6% and 21% of turns
     at steps 27 and 28; this fires at step 28, tool_error_surge at step 31."""
 
     name, what = "budget_surge", "episodes ended on a budget"
