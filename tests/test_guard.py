@@ -280,9 +280,8 @@ def test_a_few_episodes_on_their_budget_are_noise(seed):
     detector = guard.BudgetSurge(GuardConfig())
     for n in range(1, 501):
         budget = sum(rng.random() < 0.06 for _ in range(16))
-        row = (0.1, 48.0, 0.003, {"pass": 4, "token_budget": budget, "wrong_answer": 12 - budget}
-               if budget <= 12 else {"token_budget": 16})
-        assert detector.feed(multi_turn_step(n, *row)) is None, n
+        reasons = {"token_budget": budget, "wrong_answer": 16 - budget}
+        assert detector.feed(multi_turn_step(n, 0.1, 48.0, 0.003, reasons)) is None, n
 
 
 def test_reward_collapse_needs_signal_before_and_is_not_saturation():

@@ -120,8 +120,8 @@ QUICK = {"bench.demo_episodes": 2000, "bench.drill_steps": 300, "pretrain.max_st
 """--quick: shorter budgets (figures from these are labelled "quick" in the JSON)."""
 
 BUDGET_KEYS = ("bench.demo_episodes", "bench.drill_steps", "bench.drill_s", "pretrain.max_steps",
-               "pretrain.time_budget_s", "orchestrator.time_budget_s", "orchestrator.steps", "orchestrator.heldout_tasks",
-               "model.init_from")
+               "pretrain.time_budget_s", "orchestrator.time_budget_s", "orchestrator.steps",
+               "orchestrator.heldout_tasks", "model.init_from")
 """What decides how much the figures are worth: "full" only with the defaults of all of them."""
 
 
