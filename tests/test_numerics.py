@@ -313,6 +313,48 @@ def test_broken_path_is_caught_by_the_bitwise_check_itself(monkeypatch):
     assert not same_bits(linear(x[:3]), linear(x)[:3])
 
 
+def _reassociate_one_row_calls(monkeypatch, columns: int = 4):
+    """Make bf16 ``native`` a kernel that sums K in another order for one-row calls, in its first
+    ``columns`` outputs only (as a GEMM whose tail rows run another micro-kernel would): a fault
+    that shows in a rounded bf16 output only where the fp32 sums' rounding differs."""
+    from tidal.numerics import ops, probe
+
+    honest = ops.DeterministicLinear.__call__
+
+    def call(self, x):
+        if self.path != "native":
+            return honest(self, x)
+        xf, wf = x.float()[..., None, :], self.weight.float()
+        out = (xf * wf).sum(-1)  # ATen's row reduction: an order fixed by the width alone
+        if x.numel() // x.shape[-1] == 1:
+            half = x.shape[-1] // 2
+            out[..., :columns] = ((xf[..., :half] * wf[:columns, :half]).sum(-1)
+                                  + (xf[..., half:] * wf[:columns, half:]).sum(-1))
+        return out.to(x.dtype)
+
+    monkeypatch.setattr(ops.DeterministicLinear, "__call__", call)
+    monkeypatch.setattr(probe, "_CACHE", {})
+
+
+def test_probe_sees_a_reassociated_bf16_sum_that_normal_inputs_hide(monkeypatch):
+    """Normal inputs pass the faulty kernel (136 rows x 4 outputs rarely round differently); the
+    probe's cancelling inputs catch it and the next path is chosen (an Intel Xeon with AMX: bf16
+    ``F.linear`` passed the normal inputs, then broke engine == trainer at K = 512)."""
+    from tidal.numerics import probe
+    from tidal.numerics.ops import DeterministicLinear
+
+    _reassociate_one_row_calls(monkeypatch)
+    shapes = probe.ProbeShapes(hidden=64, heads=2, kv_heads=1, head_dim=32,
+                               matrices=((64, 512),), widths=(64,))
+    weight = probe._inputs(64, 512, torch.bfloat16, seed=64 * 7 + 512)
+    x = probe._inputs(probe.PROBE_BATCH, 512, torch.bfloat16, seed=512)
+    assert probe.rows_invariant(DeterministicLinear(weight, "native"), x, (1,)) == ""  # hidden
+    result = probe._probe_linear(torch.bfloat16, shapes, (1,))
+    native = result.candidates[0]
+    assert native.path == "native" and not native.holds and "cancelling" in native.failure
+    assert result.path == "fp32-accumulate"
+
+
 def test_no_path_that_holds_refuses_to_run_deterministic(monkeypatch):
     from tidal.numerics import probe
 

@@ -23,8 +23,10 @@ passes its check here is the one the engine and the trainer run:
 The check of an op: outputs for row slices of a batch (1..9, 15-17, 31-33, 63-65, 127-129 and
 more rows, at two offsets) equal the same rows of the whole batch's output, bit for bit, at one
 thread and at every thread count the processes may use (1, 2 and this process's), with the model's
-own shapes. The order is fixed and the choice does not depend on timings, so every process on one
-machine chooses the same paths (the engine's actors and the trainer agree). The reduce linear (no GEMM:
+own shapes; a linear is checked on normal inputs and on inputs whose sums nearly cancel, where a
+re-associated sum shows in a bf16 output ~100x more often (``cancelling_linear_inputs``). The
+order is fixed and the choice does not depend on timings, so every process on one machine
+chooses the same paths (the engine's actors and the trainer agree). The reduce linear (no GEMM:
 products summed by ATen's row reduction) is the last resort; if even the last candidate fails,
 the deterministic mode refuses to start (``DeterminismUnavailable``) instead of running
 "deterministic" while being wrong.
@@ -224,6 +226,25 @@ def _inputs(rows: int, width: int, dtype: torch.dtype, seed: int, scale: float =
     return (torch.randn(rows, width, generator=g) * scale).to(dtype)
 
 
+def cancelling_linear_inputs(rows: int, out_dim: int, in_dim: int, dtype: torch.dtype,
+                             seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x [rows, in], weight [out, in]) whose dot products nearly cancel: x's second half repeats
+    its first, the weight's second half is minus its first plus 1% noise, so every output is a
+    small sum of large terms. Why: a kernel that re-associates its sum for some row counts changes
+    a bf16 output only where the fp32 rounding error reaches half a bf16 ulp; on plain normal
+    inputs that happens to ~1e-4 of the outputs (so 136 rows can pass by luck: bf16 ``F.linear``
+    on an Intel Xeon with AMX did, then gave the engine and the trainer other bits at K = 512),
+    on these to ~1e-2 (measured with two blockings of a 512-wide sum)."""
+    g = torch.Generator().manual_seed(seed)
+    half, rest = in_dim // 2, in_dim - 2 * (in_dim // 2)
+    x = torch.randn(rows, half, generator=g)
+    x = torch.cat((x, x, torch.randn(rows, rest, generator=g)), 1)
+    w = torch.randn(out_dim, half, generator=g)
+    w = torch.cat((w, 0.01 * torch.randn(out_dim, half, generator=g) - w,
+                   torch.randn(out_dim, rest, generator=g)), 1)
+    return x.to(dtype), w.to(dtype)
+
+
 def _probe_linear(dtype: torch.dtype, shapes: ProbeShapes, threads) -> ProbeResult:
     from tidal.numerics.ops import LINEAR_PATHS, DeterministicLinear
 
@@ -239,6 +260,11 @@ def _probe_linear(dtype: torch.dtype, shapes: ProbeShapes, threads) -> ProbeResu
                 return str(exc), None
             x = _inputs(PROBE_BATCH, in_dim, dtype, seed=in_dim)
             failure = rows_invariant(linear, x, threads)
+            if not failure:  # the same matrix shape on inputs where a re-associated sum shows
+                x_c, weight_c = cancelling_linear_inputs(PROBE_BATCH, out_dim, in_dim, dtype,
+                                                         seed=out_dim * 7 + in_dim)
+                failure = rows_invariant(DeterministicLinear(weight_c, path), x_c, threads)
+                failure = failure and f"{failure}, cancelling inputs"
             if failure:
                 return f"[{out_dim}x{in_dim}] {failure}", None
             if (out_dim, in_dim) == largest:
