@@ -16,6 +16,7 @@ import uuid
 import pytest
 
 from tidal.sandbox import Sandbox, SandboxError, TaskImage
+from tidal.sandbox.reasons import killed_reason
 from tidal.sandbox.warm import WARM_MARKER, Job, Place
 from tidal.sandbox.workspace import TEMP_PREFIX
 from test_sandbox import make_config, open_sandbox, processes_with
@@ -127,7 +128,21 @@ def test_each_limit_is_named_in_a_rollout(backend_for_limits, image, reason):
     with backend_for_limits.rollout(image) as rollout:
         r = rollout.run_python(LIMIT_PROGRAMS[reason])
     assert r.killed_reason == reason, (r.killed_reason, r.exit_code, r.stderr[-300:])
-    assert (r.exit_code is None) == (reason in ("timeout", "output"))
+    if reason in ("timeout", "output"):
+        assert r.exit_code is None
+    elif reason != "processes":  # a throttled fork bomb ends by itself or fills the output cap
+        assert r.exit_code is not None
+
+
+def test_the_process_limits_evidence_outranks_the_output_cap():
+    """A fork bomb's throttled children each die with a BlockingIOError traceback; when those
+    fill the output cap, the run is named for the process limit, not for its output."""
+    throttled = ("Traceback (most recent call last):\n  File \"<string>\", line 3, in <module>\n"
+                 "BlockingIOError: [Errno 11] Resource temporarily unavailable\n")
+    assert killed_reason("output", 137, throttled * 400, 0.5, 1) == "processes"
+    assert killed_reason("output", 137, "x" * 65536, 0.5, 1) == "output"
+    assert killed_reason("timeout", 137, throttled, 0.5, 1) == "processes"
+    assert killed_reason(None, 0, throttled, 0.5, 1) is None  # caught, printed, exited 0
 
 
 @pytest.fixture(scope="module", params=["bwrap-warm", "subprocess-warm"])

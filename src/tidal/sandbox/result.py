@@ -17,7 +17,8 @@ from tidal.sandbox.trace import parse_trace
 class RunResult:
     exit_code: int | None
     """Exit code; death by signal N is 128 + N on both backends. None when the sandbox killed
-    the program (killed_reason "timeout" or "output")."""
+    the program at the wall clock or the output cap (killed_reason "timeout" or "output", or
+    "processes" where a fork failed at the process limit first: reasons.py)."""
     stdout: str
     """At most cfg.max_output_bytes of it (UTF-8, undecodable bytes replaced)."""
     stderr: str
