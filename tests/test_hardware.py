@@ -182,9 +182,11 @@ def test_doctor_json_has_stable_keys(tmp_path, capsys):
     assert {(p["op"], p["dtype"]) for p in paths} >= {("linear", "float32"), ("linear", "bfloat16"),
                                                       ("attention", "bfloat16"), ("moe_stacked", "float32")}
     for p in paths:
-        assert set(p) == {"op", "dtype", "path", "holds", "candidates", "threads"}
+        assert set(p) == {"op", "dtype", "path", "holds", "candidates", "threads", "by_shape"}
         assert p["holds"] == (p["path"] is not None)
         assert all(set(c) == {"path", "holds", "us_per_call", "failure"} for c in p["candidates"])
         assert p["path"] in {c["path"] for c in p["candidates"] if c["holds"]}
+        tried = [c["path"] for c in p["candidates"]]  # a shape's own path: one tried before
+        assert all(tried.index(own) < tried.index(p["path"]) for own in p["by_shape"].values())
     out = capsys.readouterr().out
     assert "native bf16:" in out and 'dtype "auto":' in out and "deterministic paths:" in out

@@ -313,10 +313,11 @@ def test_broken_path_is_caught_by_the_bitwise_check_itself(monkeypatch):
     assert not same_bits(linear(x[:3]), linear(x)[:3])
 
 
-def _reassociate_one_row_calls(monkeypatch, columns: int = 4):
+def _reassociate_one_row_calls(monkeypatch, columns: int = 4, width: int | None = None):
     """Make bf16 ``native`` a kernel that sums K in another order for one-row calls, in its first
     ``columns`` outputs only (as a GEMM whose tail rows run another micro-kernel would): a fault
-    that shows in a rounded bf16 output only where the fp32 sums' rounding differs."""
+    that shows in a rounded bf16 output only where the fp32 sums' rounding differs. With
+    ``width``, only matrices of that input width have the fault (the rest are row-invariant)."""
     from tidal.numerics import ops, probe
 
     honest = ops.DeterministicLinear.__call__
@@ -326,7 +327,7 @@ def _reassociate_one_row_calls(monkeypatch, columns: int = 4):
             return honest(self, x)
         xf, wf = x.float()[..., None, :], self.weight.float()
         out = (xf * wf).sum(-1)  # ATen's row reduction: an order fixed by the width alone
-        if x.numel() // x.shape[-1] == 1:
+        if x.numel() // x.shape[-1] == 1 and width in (None, x.shape[-1]):
             half = x.shape[-1] // 2
             out[..., :columns] = ((xf[..., :half] * wf[:columns, :half]).sum(-1)
                                   + (xf[..., half:] * wf[:columns, half:]).sum(-1))
@@ -353,6 +354,30 @@ def test_probe_sees_a_reassociated_bf16_sum_that_normal_inputs_hide(monkeypatch)
     native = result.candidates[0]
     assert native.path == "native" and not native.holds and "cancelling" in native.failure
     assert result.path == "fp32-accumulate"
+
+
+def test_a_matrix_runs_the_faster_path_that_holds_at_its_own_shape(monkeypatch):
+    """bf16 native broken at the 512-wide down projection only: that matrix runs the path that
+    holds at every shape, the others keep native, and the engine's logprobs still equal the
+    trainer's bit for bit (an Intel Xeon with AMX: native holds at K = 192, not at K = 512)."""
+    from tidal.numerics import probe
+
+    _reassociate_one_row_calls(monkeypatch, width=512)
+    cfg = preset("tiny").model_copy(update={"num_hidden_layers": 1})
+    paths = probe.choose_paths(torch.bfloat16, probe.ProbeShapes.of_model(cfg))
+    assert paths.linear != "native" and paths.linear_path((192, 512)) == paths.linear
+    assert paths.linear_path((192, 192)) == "native" and paths.linear_path((1024, 192)) == "native"
+    assert "192x192=native" in paths.describe()
+    policy = build_model(cfg, seed=0)
+    serving = copy.deepcopy(policy).to(torch.bfloat16)
+    with torch.no_grad():
+        layer = serving.fused_weights("deterministic", torch.bfloat16).layers[0]
+    assert layer.down.path == paths.linear and layer.qkv.path == "native"
+    results = _generate_rounds(serving, [1, 3, 8], new_tokens=4)
+    trainer = Trainer(policy, TrainerConfig(dtype="bfloat16", micro_batch_size=4), temperature=0.8,
+                      numerics="deterministic")
+    totals = trainer.accumulate_gradients(collate(_trajectories(results), pad_id=0, normalize_std=True))
+    assert totals.mismatch.bitwise_equal_fraction == 1.0
 
 
 def test_no_path_that_holds_refuses_to_run_deterministic(monkeypatch):

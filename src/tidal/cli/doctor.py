@@ -116,7 +116,9 @@ def _path_line(p: dict) -> str:
         return c["path"] + (f" {c['us_per_call']:.1f} us" if c["us_per_call"] is not None else "")
 
     tried = "; ".join(candidate(c) for c in p["candidates"])
-    return f"  {p['op']:<16} {dtype:<9} -> {p['path'] or 'NONE HOLDS':<16} {tried}"
+    own = ", ".join(f"{shape} {path}" for shape, path in p.get("by_shape", {}).items())
+    return (f"  {p['op']:<16} {dtype:<9} -> {p['path'] or 'NONE HOLDS':<16} {tried}"
+            + (f"; by shape: {own}" if own else ""))
 
 
 def cmd_doctor(args, rest) -> int:

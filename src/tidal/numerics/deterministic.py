@@ -27,7 +27,7 @@ class DeterministicOps(CpuOps):
         self.paths = paths
 
     def prepare(self, matrix: torch.Tensor) -> DeterministicLinear:
-        return DeterministicLinear(matrix, self.paths.linear)
+        return DeterministicLinear(matrix, self.paths.linear_path(matrix.shape))
 
     def stacked_moe(self, trainable: bool) -> bool:
         """The few-token route is the engine's only (the trainer never runs few tokens through

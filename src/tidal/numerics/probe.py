@@ -121,6 +121,9 @@ class ProbeResult:
     """The chosen path: the first candidate that holds; None if none does."""
     candidates: list[CandidateResult] = field(default_factory=list)
     threads: tuple[int, ...] = ()
+    by_shape: dict[tuple[int, int], str] = field(default_factory=dict)
+    """linear only: matrices [out, in] on which an earlier (faster) candidate than ``path`` holds,
+    and that candidate; the others run ``path``."""
 
     @property
     def holds(self) -> bool:
@@ -130,7 +133,8 @@ class ProbeResult:
         return {"op": self.op, "dtype": self.dtype, "path": self.path, "holds": self.holds,
                 "threads": list(self.threads),
                 "candidates": [{"path": c.path, "holds": c.holds, "us_per_call": c.us_per_call,
-                                "failure": c.failure} for c in self.candidates]}
+                                "failure": c.failure} for c in self.candidates],
+                "by_shape": {f"{o}x{i}": path for (o, i), path in self.by_shape.items()}}
 
 
 @dataclass(frozen=True)
@@ -145,10 +149,20 @@ class NumericsPaths:
     moe_stacked: bool
     """The MoE's few-token route (numerics/moe.py) gives the per-expert route's bits here."""
     results: tuple[ProbeResult, ...] = ()
+    linear_by_shape: tuple[tuple[tuple[int, int], str], ...] = ()
+    """((out, in), path): matrices that run a faster linear path than ``linear``, which held at
+    their shape (the probe's ``by_shape``); every other matrix runs ``linear``."""
+
+    def linear_path(self, shape: tuple[int, ...]) -> str:
+        """The linear path of a matrix [out, in]: its own where the probe found a faster one that
+        holds at its shape, else the one that holds at every probed shape."""
+        return dict(self.linear_by_shape).get(tuple(shape), self.linear)
 
     def describe(self) -> str:
+        own = "".join(f" {o}x{i}={path}" for (o, i), path in self.linear_by_shape)
         return (f"deterministic {str(self.dtype).removeprefix('torch.')}: linear={self.linear} "
-                f"attention={self.attention} silu={self.silu} rms_norm={self.rms_norm} "
+                + (f"(by shape:{own}) " if own else "")
+                + f"attention={self.attention} silu={self.silu} rms_norm={self.rms_norm} "
                 f"moe_stacked={'on' if self.moe_stacked else 'off'}")
 
 
@@ -246,33 +260,52 @@ def cancelling_linear_inputs(rows: int, out_dim: int, in_dim: int, dtype: torch.
 
 
 def _probe_linear(dtype: torch.dtype, shapes: ProbeShapes, threads) -> ProbeResult:
+    """The first candidate that holds at every matrix shape is ``path``; a matrix on which an
+    earlier candidate holds runs that one (``by_shape``). Why per shape: on an Intel Xeon with
+    AMX bf16 ``F.linear`` is row-invariant at K = 192 and not at K = 512, and fp32-accumulate
+    costs ~1.5x at 16 rows and more on the trainer's batches."""
     from tidal.numerics.ops import LINEAR_PATHS, DeterministicLinear
 
     largest = max(shapes.matrices, key=lambda m: m[0] * m[1])
 
-    def check(path: str) -> tuple[str, float | None]:
-        us = None
-        for out_dim, in_dim in shapes.matrices:
-            weight = _inputs(out_dim, in_dim, dtype, seed=out_dim * 7 + in_dim)
-            try:
-                linear = DeterministicLinear(weight, path)
-            except ValueError as exc:  # the path needs what this build lacks (oneDNN)
-                return str(exc), None
-            x = _inputs(PROBE_BATCH, in_dim, dtype, seed=in_dim)
-            failure = rows_invariant(linear, x, threads)
-            if not failure:  # the same matrix shape on inputs where a re-associated sum shows
-                x_c, weight_c = cancelling_linear_inputs(PROBE_BATCH, out_dim, in_dim, dtype,
-                                                         seed=out_dim * 7 + in_dim)
-                failure = rows_invariant(DeterministicLinear(weight_c, path), x_c, threads)
-                failure = failure and f"{failure}, cancelling inputs"
-            if failure:
-                return f"[{out_dim}x{in_dim}] {failure}", None
-            if (out_dim, in_dim) == largest:
-                us = _time_us(linear, x[:16])
-        return "", us
+    def failure_at(path: str, out_dim: int, in_dim: int) -> str:
+        weight = _inputs(out_dim, in_dim, dtype, seed=out_dim * 7 + in_dim)
+        try:
+            linear = DeterministicLinear(weight, path)
+        except ValueError as exc:  # the path needs what this build lacks (oneDNN)
+            return str(exc)
+        x = _inputs(PROBE_BATCH, in_dim, dtype, seed=in_dim)
+        failure = rows_invariant(linear, x, threads)
+        if not failure:  # the same matrix shape on inputs where a re-associated sum shows
+            x_c, weight_c = cancelling_linear_inputs(PROBE_BATCH, out_dim, in_dim, dtype,
+                                                     seed=out_dim * 7 + in_dim)
+            failure = rows_invariant(DeterministicLinear(weight_c, path), x_c, threads)
+            failure = failure and f"{failure}, cancelling inputs"
+        return failure
 
-    return _first_that_holds(ProbeResult("linear", _name(dtype), None, threads=threads),
-                             LINEAR_PATHS[dtype], check)
+    result = ProbeResult("linear", _name(dtype), None, threads=threads)
+    held: dict[str, set[tuple[int, int]]] = {}
+    for path in LINEAR_PATHS[dtype]:
+        failures = {m: failure_at(path, *m) for m in shapes.matrices}
+        held[path] = {m for m, failure in failures.items() if not failure}
+        broken = [(m, f) for m, f in failures.items() if f]
+        us = None
+        if not broken:
+            weight = _inputs(*largest, dtype, seed=largest[0] * 7 + largest[1])
+            us = _time_us(DeterministicLinear(weight, path), _inputs(16, largest[1], dtype, seed=1))
+        failure = "; ".join(f"[{o}x{i}] {f}" for (o, i), f in broken[:1])
+        if broken and len(held[path]):
+            failure += f" (holds at {len(held[path])} of {len(failures)} shapes)"
+        result.candidates.append(CandidateResult(path, not broken, us, failure))
+        if not broken:
+            result.path = path
+            break
+    if result.path is not None:
+        for m in shapes.matrices:
+            faster = next((p for p in held if p != result.path and m in held[p]), None)
+            if faster is not None:
+                result.by_shape[m] = faster
+    return result
 
 
 def _probe_attention(dtype: torch.dtype, shapes: ProbeShapes, threads) -> ProbeResult:
@@ -425,7 +458,7 @@ def choose_paths(dtype: torch.dtype, shapes: ProbeShapes = DEFAULT_SHAPES) -> Nu
         chosen = {r.op: r.path for r in results}
         _CACHE[key] = NumericsPaths(dtype, chosen["linear"], chosen["attention"], chosen["silu"],
                                     chosen["rms_norm"], chosen["moe_stacked"] == "on",
-                                    tuple(results))
+                                    tuple(results), tuple(results[0].by_shape.items()))
     return _CACHE[key]
 
 

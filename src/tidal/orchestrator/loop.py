@@ -617,6 +617,7 @@ def numerics_record(cfg) -> dict:
 
     paths = choose_paths(getattr(torch, cfg.model.dtype), ProbeShapes.of_model(cfg.model))
     return {"mode": "deterministic", "dtype": cfg.model.dtype, "linear": paths.linear,
+            "linear_by_shape": {f"{o}x{i}": p for (o, i), p in paths.linear_by_shape},
             "attention": paths.attention, "silu": paths.silu, "rms_norm": paths.rms_norm,
             "moe_stacked": paths.moe_stacked}
 
