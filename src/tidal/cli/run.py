@@ -105,7 +105,12 @@ def numerics_line(cfg) -> str:
     record = numerics_record(cfg)
     if record["mode"] != "deterministic":
         return f"numerics: {record['mode']}"
-    ops = " ".join(f"{k}={v}" for k, v in record.items() if k not in ("mode", "dtype"))
+    def shown(value) -> str:  # linear_by_shape: 192x192:native,260x192:native (none: "-")
+        if isinstance(value, dict):
+            return ",".join(f"{k}:{v}" for k, v in value.items()) or "-"
+        return str(value)
+
+    ops = " ".join(f"{k}={shown(v)}" for k, v in record.items() if k not in ("mode", "dtype"))
     return f"numerics: deterministic {record['dtype']}: {ops}"
 
 
