@@ -100,18 +100,14 @@ def _resume(args, rest) -> int:
 def numerics_line(cfg) -> str:
     """``numerics: deterministic float32: linear=onednn attention=unpadded ...``: the paths the
     engine and the trainer run on this machine (tidal doctor lists every candidate)."""
-    from tidal.orchestrator.loop import numerics_record
+    if cfg.engine.numerics != "deterministic":
+        return f"numerics: {cfg.engine.numerics}"
+    import torch
 
-    record = numerics_record(cfg)
-    if record["mode"] != "deterministic":
-        return f"numerics: {record['mode']}"
-    def shown(value) -> str:  # linear_by_shape: 192x192:native,260x192:native (none: "-")
-        if isinstance(value, dict):
-            return ",".join(f"{k}:{v}" for k, v in value.items()) or "-"
-        return str(value)
+    from tidal.numerics.probe import ProbeShapes, choose_paths
 
-    ops = " ".join(f"{k}={shown(v)}" for k, v in record.items() if k not in ("mode", "dtype"))
-    return f"numerics: deterministic {record['dtype']}: {ops}"
+    return "numerics: " + choose_paths(getattr(torch, cfg.model.dtype),
+                                       ProbeShapes.of_model(cfg.model)).describe()
 
 
 def _rl(cfg, run_dir: Path, info: dict, resume: bool, t0: float) -> int:

@@ -134,7 +134,7 @@ class ProbeResult:
                 "threads": list(self.threads),
                 "candidates": [{"path": c.path, "holds": c.holds, "us_per_call": c.us_per_call,
                                 "failure": c.failure} for c in self.candidates],
-                "by_shape": {f"{o}x{i}": path for (o, i), path in self.by_shape.items()}}
+                "by_shape": {shape_name(m): path for m, path in self.by_shape.items()}}
 
 
 @dataclass(frozen=True)
@@ -149,17 +149,18 @@ class NumericsPaths:
     moe_stacked: bool
     """The MoE's few-token route (numerics/moe.py) gives the per-expert route's bits here."""
     results: tuple[ProbeResult, ...] = ()
-    linear_by_shape: tuple[tuple[tuple[int, int], str], ...] = ()
-    """((out, in), path): matrices that run a faster linear path than ``linear``, which held at
-    their shape (the probe's ``by_shape``); every other matrix runs ``linear``."""
+    linear_by_shape: dict[tuple[int, int], str] = field(default_factory=dict)
+    """(out, in) -> path: matrices that run a faster linear path than ``linear``, which held at
+    their shape (the linear probe's ``by_shape``); every other matrix runs ``linear``."""
 
     def linear_path(self, shape: tuple[int, ...]) -> str:
         """The linear path of a matrix [out, in]: its own where the probe found a faster one that
         holds at its shape, else the one that holds at every probed shape."""
-        return dict(self.linear_by_shape).get(tuple(shape), self.linear)
+        return self.linear_by_shape.get(tuple(shape), self.linear)
 
     def describe(self) -> str:
-        own = "".join(f" {o}x{i}={path}" for (o, i), path in self.linear_by_shape)
+        """The run's ``numerics:`` line (after the mode), as the engine and the trainer run."""
+        own = "".join(f" {shape_name(m)}={path}" for m, path in self.linear_by_shape.items())
         return (f"deterministic {str(self.dtype).removeprefix('torch.')}: linear={self.linear} "
                 + (f"(by shape:{own}) " if own else "")
                 + f"attention={self.attention} silu={self.silu} rms_norm={self.rms_norm} "
@@ -235,6 +236,11 @@ def _time_us(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> flo
 # ------------------------------------------------------------------ per-op probes
 
 
+def shape_name(shape: tuple[int, ...]) -> str:
+    """A matrix shape as the records and lines name it: (192, 512) -> "192x512"."""
+    return "x".join(map(str, shape))
+
+
 def _inputs(rows: int, width: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(rows, width, generator=g) * scale).to(dtype)
@@ -293,8 +299,8 @@ def _probe_linear(dtype: torch.dtype, shapes: ProbeShapes, threads) -> ProbeResu
         if not broken:
             weight = _inputs(*largest, dtype, seed=largest[0] * 7 + largest[1])
             us = _time_us(DeterministicLinear(weight, path), _inputs(16, largest[1], dtype, seed=1))
-        failure = "; ".join(f"[{o}x{i}] {f}" for (o, i), f in broken[:1])
-        if broken and len(held[path]):
+        failure = "; ".join(f"[{shape_name(m)}] {f}" for m, f in broken[:1])
+        if broken and held[path]:
             failure += f" (holds at {len(held[path])} of {len(failures)} shapes)"
         result.candidates.append(CandidateResult(path, not broken, us, failure))
         if not broken:
@@ -455,10 +461,11 @@ def choose_paths(dtype: torch.dtype, shapes: ProbeShapes = DEFAULT_SHAPES) -> Nu
             raise DeterminismUnavailable(
                 f"no batch-invariant path for {_name(dtype)} on this machine ({detail}); run with "
                 "engine.numerics = \"fast\" (logprobs then differ from the trainer's in the last bits)")
-        chosen = {r.op: r.path for r in results}
+        by_op = {r.op: r for r in results}
+        chosen = {op: r.path for op, r in by_op.items()}
         _CACHE[key] = NumericsPaths(dtype, chosen["linear"], chosen["attention"], chosen["silu"],
                                     chosen["rms_norm"], chosen["moe_stacked"] == "on",
-                                    tuple(results), tuple(results[0].by_shape.items()))
+                                    tuple(results), dict(by_op["linear"].by_shape))
     return _CACHE[key]
 
 

@@ -613,11 +613,11 @@ def numerics_record(cfg) -> dict:
     this machine (tidal.numerics.probe), as the engine and the trainer run them."""
     if cfg.engine.numerics != "deterministic":
         return {"mode": cfg.engine.numerics}
-    from tidal.numerics.probe import ProbeShapes, choose_paths
+    from tidal.numerics.probe import ProbeShapes, choose_paths, shape_name
 
     paths = choose_paths(getattr(torch, cfg.model.dtype), ProbeShapes.of_model(cfg.model))
     return {"mode": "deterministic", "dtype": cfg.model.dtype, "linear": paths.linear,
-            "linear_by_shape": {f"{o}x{i}": p for (o, i), p in paths.linear_by_shape},
+            "linear_by_shape": {shape_name(m): p for m, p in paths.linear_by_shape.items()},
             "attention": paths.attention, "silu": paths.silu, "rms_norm": paths.rms_norm,
             "moe_stacked": paths.moe_stacked}
 
