@@ -88,7 +88,7 @@ def test_folded_rms_norm_rows_do_not_depend_on_the_batch(width):
 # ------------------------------------------------------------------ model: decode, chunks
 
 
-@pytest.mark.parametrize("name", ["tiny", "tiny-moe"])
+@pytest.mark.parametrize("name", ["tiny", "tiny-moe", "tiny-llama"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_chunked_prefill_and_decode_equal_the_full_forward(name, dtype):
     cfg = preset(name).model_copy(update={"dtype": dtype, "num_hidden_layers": 2})
@@ -138,7 +138,7 @@ def _generate_rounds(model, batch_sizes, new_tokens=6, numerics="deterministic",
     return results
 
 
-@pytest.mark.parametrize("name", ["tiny", "tiny-moe"])
+@pytest.mark.parametrize("name", ["tiny", "tiny-moe", "tiny-llama"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_engine_logprobs_equal_the_trainers_bit_for_bit(name, dtype):
     """Batch sizes 1..64 in one engine (so sequences of different rounds see different batch

@@ -7,9 +7,10 @@ of torch ops with one launch; every program owns one row (token, head or expert)
 arithmetic depends on that row alone, so decode, prefill and the trainer's forward still give
 the same bits.
 
-- ``qkv_to_cache``: q/k norm (per-head weights, RMSNorm or model/fused.py's folded form) + RoPE
-  of the fused qkv projection, k and v written to the KV cache, q returned (was: 2 copies, 2
-  norms, 10 rope ops, 2 cache writes, 4 table gathers).
+- ``qkv_to_cache``: q/k norm (per-head weights, RMSNorm or model/fused.py's folded form; for
+  Llama, which has none, only the per-head multiplier) + RoPE of the fused qkv projection, k and
+  v written to the KV cache, q returned (was: 2 copies, 2 norms, 10 rope ops, 2 cache writes, 4
+  table gathers).
 - ``route``: router softmax, its own top-k, the ids to use (those or the replayed ones), gates
   and their ordered renormalisation (was: softmax, topk, gather, k adds, a division).
 - ``align_by_expert``: assignments sorted by expert into whole tiles, one program per expert
@@ -34,11 +35,12 @@ COMBINE_BLOCK = 1024
 def _qkv_kernel(qkv_ptr, norm_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
                 slot_ptr, pos_ptr, eps, width_div, stride_qkv, stride_rope, stride_qo,
                 stride_cs, stride_ch, stride_cl, HQ: tl.constexpr, HKV: tl.constexpr,
-                D: tl.constexpr):
+                D: tl.constexpr, NORMED: tl.constexpr = True):
     """Program (token, head of q|k|v): v copied to the cache; q/k normalised (x * 1 /
-    sqrt(sum x^2 / width_div + eps), cast back, times the head's norm weight), rotated (x * cos
-    + x.roll(D/2) * sin_signed, each product rounded to the input dtype as torch does), q
-    stored, k written to the cache. A token at position < 0 (padding) writes nothing."""
+    sqrt(sum x^2 / width_div + eps), cast back, times the head's norm weight; NORMED False:
+    only times the weight), rotated (x * cos + x.roll(D/2) * sin_signed, each product rounded
+    to the input dtype as torch does), q stored, k written to the cache. A token at position
+    < 0 (padding) writes nothing."""
     n = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     d = tl.arange(0, D)
@@ -55,9 +57,13 @@ def _qkv_kernel(qkv_ptr, norm_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache_ptr, v_c
         xr = tl.load(src + rot)
         w, wr = tl.load(norm_ptr + head * D + d), tl.load(norm_ptr + head * D + rot)
         h = x.to(tl.float32)
-        inv = 1.0 / tl.sqrt_rn(tl.sum(h * h, axis=0) / width_div + eps)
-        xn = (w.to(tl.float32) * (h * inv).to(x.dtype).to(tl.float32)).to(x.dtype)
-        xrn = (wr.to(tl.float32) * (xr.to(tl.float32) * inv).to(x.dtype).to(tl.float32)).to(x.dtype)
+        if NORMED:
+            inv = 1.0 / tl.sqrt_rn(tl.sum(h * h, axis=0) / width_div + eps)
+            xn = (w.to(tl.float32) * (h * inv).to(x.dtype).to(tl.float32)).to(x.dtype)
+            xrn = (wr.to(tl.float32) * (xr.to(tl.float32) * inv).to(x.dtype).to(tl.float32)).to(x.dtype)
+        else:
+            xn = (w.to(tl.float32) * h).to(x.dtype)
+            xrn = (wr.to(tl.float32) * xr.to(tl.float32)).to(x.dtype)
         cos = tl.load(cos_ptr + n * stride_rope + d).to(x.dtype).to(tl.float32)
         sin = tl.load(sin_ptr + n * stride_rope + d).to(x.dtype).to(tl.float32)
         a = (xn.to(tl.float32) * cos).to(x.dtype).to(tl.float32)
@@ -70,12 +76,14 @@ def _qkv_kernel(qkv_ptr, norm_ptr, cos_ptr, sin_ptr, q_out_ptr, k_cache_ptr, v_c
 
 
 def qkv_to_cache(qkv, qk_norm, cos, sin_signed, k_cache, v_cache, slot, pos, heads, eps,
-                 width_div):
+                 width_div, normed: bool = True):
     """qkv [N, (Hq + 2 Hkv) D] (q, k, v heads side by side); qk_norm [Hq + Hkv, D]: each q and k
     head's norm weight; cos/sin_signed [N, D]: each token's RoPE row (model/rope.py's table);
     caches [S, Hkv, L, D]; slot/pos [N] (pos < 0: padding, not written) -> q [N, Hq, D]
     normalised and rotated (k, v now in the caches). The norm is x / sqrt(sum x^2 / width_div
-    + eps): width_div = D for RMSNorm, 1 for model/fused.py's folded form (eps = D * eps)."""
+    + eps): width_div = D for RMSNorm, 1 for model/fused.py's folded form (eps = D * eps).
+    normed False (Llama: no q/k norms): q and k are only multiplied by qk_norm (eps and
+    width_div unused)."""
     hq, hkv, d = heads
     n = qkv.shape[0]
     assert qkv.stride(1) == 1 and k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
@@ -86,7 +94,7 @@ def qkv_to_cache(qkv, qk_norm, cos, sin_signed, k_cache, v_cache, slot, pos, hea
         _qkv_kernel[(n, hq + 2 * hkv)](qkv, qk_norm, cos, sin_signed, q, k_cache, v_cache, slot,
                                        pos, eps, width_div, qkv.stride(0), cos.stride(0),
                                        q.stride(0), k_cache.stride(0), k_cache.stride(1),
-                                       k_cache.stride(2), HQ=hq, HKV=hkv, D=d)
+                                       k_cache.stride(2), HQ=hq, HKV=hkv, D=d, NORMED=normed)
     return q
 
 

@@ -6,7 +6,8 @@ the same bits.
     seam step           kernel(s)                                       file
     linear              fixed-tile matmul, no split-K (+ residual)      matmul.py
     norm                one program per row (weighted or folded form)   rowwise.py
-    self_attention      qkv_to_cache: q/k norm + RoPE + cache write;    fused.py
+    self_attention      qkv_to_cache: q/k norm (Llama: scale only) +    fused.py
+                        RoPE + cache write;
                         attention over the cache, fixed 64-key blocks   attention.py
     moe                 router matmul; route (softmax, top-k or replay, matmul.py, fused.py
                         gates); align_by_expert; grouped_linear x 2
@@ -106,7 +107,7 @@ class TritonOps:
         eps, width_div = (w.eps * d, 1.0) if w.folded else (w.eps, float(d))
         q = fused.qkv_to_cache(qkv.reshape(b * t, -1), qk_norm.contiguous(), cos_rows, sin_rows,
                                k_cache, v_cache, ctx.slot, ctx.pos,
-                               (w.heads, w.kv_heads, d), eps, width_div)
+                               (w.heads, w.kv_heads, d), eps, width_div, normed=w.qk_normed)
         out = attention.attention(q, k_cache, v_cache, ctx.slot, ctx.attend, 1.0)
         return out.view(b, t, w.heads * d)
 

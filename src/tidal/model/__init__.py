@@ -1,4 +1,5 @@
-"""Qwen3-architecture decoder (dense and sparse MoE), Hugging Face checkpoint I/O, tokenizers.
+"""Qwen3- and Llama-architecture decoder (dense; Qwen3 also sparse MoE), Hugging Face checkpoint
+I/O, tokenizers.
 
 Contract used by the engine and the trainer (implemented in qwen3.py / checkpoint.py):
 

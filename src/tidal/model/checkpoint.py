@@ -1,6 +1,8 @@
 """Hugging Face checkpoint folders: config.json + model.safetensors (or shards with an index).
 
-Reads what transformers writes and what Qwen publishes (model_type ``qwen3`` / ``qwen3_moe``).
+Reads what transformers writes and what Qwen and Llama-family models publish (model_type
+``qwen3`` / ``qwen3_moe`` / ``llama``; a Llama is written back as ``llama``, ``ModelConfig.qk_norm``
+False).
 MoE experts are accepted per expert (``mlp.experts.7.gate_proj.weight`` — published checkpoints
 and transformers 5.x save_pretrained) or fused (``mlp.experts.gate_up_proj`` [E, 2*I, H],
 ``mlp.experts.down_proj`` [E, H, I] — transformers 5.x in-memory layout); we always write per
@@ -35,18 +37,19 @@ INDEX_FILE = "model.safetensors.index.json"
 COMPLETE_MARKER = "tidal_complete"
 """Empty file written last into a folder we save; its presence means the folder is whole."""
 
-ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                 "llama": "LlamaForCausalLM"}
 
+_SHARED_DEFAULTS = {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
+                    "initializer_range": 0.02}
 HF_DEFAULTS = {
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "max_position_embeddings": 32768,
-    "tie_word_embeddings": False,
-    "initializer_range": 0.02,
-    "num_experts_per_tok": 8,
-    "norm_topk_prob": False,
+    "qwen3": {**_SHARED_DEFAULTS, "max_position_embeddings": 32768, "head_dim": 128},
+    "qwen3_moe": {**_SHARED_DEFAULTS, "max_position_embeddings": 32768, "head_dim": None,
+                  "num_experts_per_tok": 8, "norm_topk_prob": False},
+    "llama": {**_SHARED_DEFAULTS, "max_position_embeddings": 2048, "head_dim": None},
 }
-"""transformers' values for keys a config.json may omit (Qwen3Config / Qwen3MoeConfig)."""
+"""transformers' values for keys a config.json may omit, per model_type (Qwen3Config,
+Qwen3MoeConfig, LlamaConfig); head_dim None = hidden_size // num_attention_heads."""
 
 _FUSED_EXPERTS = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
@@ -61,16 +64,22 @@ class CheckpointError(UserError, ValueError):
 
 
 def config_from_hf(d: dict) -> ModelConfig:
-    """A ModelConfig from a Hugging Face config.json dict (qwen3 or qwen3_moe)."""
+    """A ModelConfig from a Hugging Face config.json dict (qwen3, qwen3_moe or llama)."""
     model_type = d.get("model_type")
     if model_type not in ARCHITECTURES:
         raise CheckpointError(
             f"config.json: model_type {model_type!r} is not supported; supported: {sorted(ARCHITECTURES)}"
         )
+    if model_type == "llama" and (d.get("num_experts") or d.get("num_local_experts")):
+        raise CheckpointError(
+            "config.json: model_type 'llama' is not supported with experts (num_experts / "
+            "num_local_experts): tidal's sparse MoE is qwen3_moe only"
+        )
     _reject_unsupported_features(d, model_type)
+    defaults = HF_DEFAULTS[model_type]
 
     def get(key: str):
-        return d[key] if d.get(key) is not None else HF_DEFAULTS[key]
+        return d[key] if d.get(key) is not None else defaults[key]
 
     missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                            "num_attention_heads") if k not in d]
@@ -81,7 +90,7 @@ def config_from_hf(d: dict) -> ModelConfig:
     if missing:
         raise CheckpointError(f"config.json lacks required keys: {missing}")
     heads = d["num_attention_heads"]
-    head_dim = d.get("head_dim") or (128 if model_type == "qwen3" else d["hidden_size"] // heads)
+    head_dim = d.get("head_dim") or defaults["head_dim"] or d["hidden_size"] // heads
     rope = d.get("rope_parameters") or {}
     fields = dict(
         vocab_size=d["vocab_size"],
@@ -91,6 +100,7 @@ def config_from_hf(d: dict) -> ModelConfig:
         num_attention_heads=heads,
         num_key_value_heads=d.get("num_key_value_heads") or heads,
         head_dim=head_dim,
+        qk_norm=model_type != "llama",
         rope_theta=rope.get("rope_theta") or get("rope_theta"),
         rms_norm_eps=get("rms_norm_eps"),
         max_position_embeddings=get("max_position_embeddings"),
@@ -116,14 +126,19 @@ def _reject_unsupported_features(d: dict, model_type: str) -> None:
     problems = []
     if d.get("attention_bias"):
         problems.append("attention_bias = true")
+    if d.get("mlp_bias"):
+        problems.append("mlp_bias = true")
     if d.get("hidden_act", "silu") != "silu":
         problems.append(f"hidden_act = {d['hidden_act']!r} (only 'silu')")
     if d.get("use_sliding_window"):
         problems.append("use_sliding_window = true")
     rope_type = (d.get("rope_parameters") or {}).get("rope_type", "default")
+    if rope_type != "default":
+        problems.append(f"RoPE scaling (rope_parameters = {d['rope_parameters']}); "
+                        "only default RoPE")
     scaling = d.get("rope_scaling")
-    if rope_type != "default" or (scaling and scaling.get("rope_type", scaling.get("type")) != "default"):
-        problems.append(f"RoPE scaling ({d.get('rope_parameters') or scaling}); only default RoPE")
+    if scaling and scaling.get("rope_type", scaling.get("type")) != "default":
+        problems.append(f"RoPE scaling (rope_scaling = {scaling}); only default RoPE")
     if model_type == "qwen3_moe":
         if d.get("decoder_sparse_step", 1) != 1 or d.get("mlp_only_layers"):
             problems.append("dense layers inside a MoE model (decoder_sparse_step != 1 or mlp_only_layers)")
@@ -134,8 +149,9 @@ def _reject_unsupported_features(d: dict, model_type: str) -> None:
 
 
 def config_to_hf(cfg: ModelConfig, dtype: str | None = None) -> dict:
-    """A config.json dict that transformers (4.51+ and 5.x) loads with AutoModelForCausalLM."""
-    model_type = "qwen3_moe" if cfg.is_moe else "qwen3"
+    """A config.json dict that transformers (4.51+ and 5.x) loads with AutoModelForCausalLM:
+    qwen3 / qwen3_moe, or llama when the model has no q/k norms (cfg.qk_norm False)."""
+    model_type = "qwen3_moe" if cfg.is_moe else "qwen3" if cfg.qk_norm else "llama"
     dtype = dtype or cfg.dtype
     d = {
         "architectures": [ARCHITECTURES[model_type]],
@@ -162,6 +178,9 @@ def config_to_hf(cfg: ModelConfig, dtype: str | None = None) -> dict:
         "dtype": dtype,
         "torch_dtype": dtype,
     }
+    if model_type == "llama":  # no sliding window; no biases anywhere (what tidal implements)
+        del d["use_sliding_window"], d["sliding_window"]
+        d.update(mlp_bias=False, pretraining_tp=1)
     if cfg.is_moe:
         d.update(
             num_experts=cfg.num_experts,
@@ -326,8 +345,9 @@ def _dtype_name(dtype: str | torch.dtype) -> str:
 
 
 def from_pretrained(path: str | Path, dtype: str | torch.dtype | None = None) -> CausalLM:
-    """Load a Hugging Face Qwen3 / Qwen3-MoE folder; dtype None keeps the checkpoint's (bf16 or
-    fp32; anything else becomes fp32). The model's config records the folder as init_from."""
+    """Load a Hugging Face Qwen3 / Qwen3-MoE / Llama folder; dtype None keeps the checkpoint's
+    (bf16 or fp32; anything else becomes fp32). The model's config records the folder as
+    init_from."""
     folder = Path(path)
     cfg = _read_config(folder)
     if dtype is not None:

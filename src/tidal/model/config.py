@@ -1,4 +1,5 @@
-"""Model architecture (Qwen3 dense or sparse MoE). Defaults are the default recipe's tiny model."""
+"""Model architecture (Qwen3 dense or sparse MoE, or Llama). Defaults are the default recipe's tiny
+model."""
 
 from pydantic import Field, model_validator
 
@@ -23,6 +24,9 @@ class ModelConfig(Section):
     """Grouped-query attention: must divide num_attention_heads."""
     head_dim: int = Field(32, ge=4)
     """Per-head width; Qwen3 decouples it from hidden_size / heads. Even (for RoPE)."""
+    qk_norm: bool = True
+    """Qwen3's per-head RMSNorm on q and k (q_norm / k_norm, before RoPE); False = Llama, which has
+    none. Default True: the default recipe's model is a Qwen3."""
     rope_theta: float = Field(10000.0, gt=0)
     """RoPE base frequency."""
     rms_norm_eps: float = Field(1e-6, gt=0)
@@ -61,6 +65,12 @@ class ModelConfig(Section):
             raise ValueError(
                 f"model.num_experts_per_tok ({self.num_experts_per_tok}) exceeds "
                 f"model.num_experts ({self.num_experts})"
+            )
+        if self.num_experts and not self.qk_norm:
+            raise ValueError(
+                "model.qk_norm = false (Llama) is dense only: a sparse MoE (model.num_experts > 0) "
+                "is Qwen3-MoE, which has q/k norms; set model.qk_norm = true or "
+                "model.num_experts = 0"
             )
         return self
 

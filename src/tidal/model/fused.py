@@ -15,7 +15,9 @@ Hugging Face reference that the logits tests check; this one is qwen3.py's math 
 - folded norms in fp32: each RMSNorm's weight and sqrt(width) multiplied into the matmul after
   it, so the norm is x / sqrt(sum x^2 + width * eps) (ops.folded_rms_norm); q's sqrt(D) cancels
   the attention scale, so attention runs at scale 1. bf16 keeps RMSNorm's exact form (folding
-  would round W * w to bf16) and carries 1/sqrt(D) in q's norm weight;
+  would round W * w to bf16) and carries 1/sqrt(D) in q's norm weight. Llama (no q/k norms,
+  ``qk_normed`` False) keeps the same per-head multiplier, D**-0.5 for q and 1 for k, and the op
+  sets only multiply by it (exact for k, and for q when D is a power of 4, e.g. 64);
 - every matrix ``prepare``d by the op set once per weight version (packed for oneDNN, or the
   probed invariant path).
 
@@ -53,6 +55,7 @@ class FusedLayer:
     input_norm: torch.Tensor | None  # [H]; None: folded into qkv
     qkv: object  # prepared [(heads + 2 * kv_heads) * D, H]: q_proj, k_proj, v_proj rows
     qk_norm: torch.Tensor  # [heads + kv_heads, D]: q_norm per q head, then k_norm per kv head
+    # (with the attention scale); without q/k norms (Llama) only the scale: D**-0.5 (q), 1 (k)
     o: object  # prepared [H, heads * D]
     post_norm: torch.Tensor | None  # [H]; None: folded into gate_up (dense), router and experts
     gate_up: object | None  # prepared [2 * I, H]: gate_proj rows, then up_proj rows (dense)
@@ -78,6 +81,9 @@ class FusedWeights:
             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         self.top_k, self.norm_topk_prob = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.folded = dtype == torch.float32
+        self.qk_normed = cfg.qk_norm
+        """q and k are RMS-normalised per head before the qk_norm multiplier (Qwen3); False: only
+        multiplied (Llama)."""
         device = model.model.embed_tokens.weight.device
         self.hidden_eps = torch.tensor(cfg.hidden_size * self.eps, dtype=dtype, device=device)
         self.head_eps = torch.tensor(cfg.head_dim * self.eps, dtype=dtype, device=device)
@@ -112,15 +118,11 @@ class FusedWeights:
         attn, mlp = layer.self_attn, layer.mlp
         dense = hasattr(mlp, "gate_proj")
         post = layer.post_attention_layernorm.weight
-        d = self.head_dim
-        q_scale, k_scale = (1.0, d**0.5) if self.folded else (d**-0.5, 1.0)
-        q_norm, k_norm = self._cast(attn.q_norm.weight), self._cast(attn.k_norm.weight)
         common = dict(
             input_norm=self._norm_weight(layer.input_layernorm.weight),
             qkv=self._linear(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight,
                              norm=layer.input_layernorm.weight),
-            qk_norm=torch.cat(((q_norm * q_scale).expand(self.heads, -1),
-                               (k_norm * k_scale).expand(self.kv_heads, -1))),
+            qk_norm=self._qk_multiplier(attn),
             o=self._linear(attn.o_proj.weight),
             post_norm=self._norm_weight(post),
         )
@@ -144,6 +146,20 @@ class FusedWeights:
                                               gate_up.flatten(0, 1)))) if stacked else None,
             down_blocks=prepare(down.permute(1, 0, 2).flatten(1)) if stacked else None,
         )
+
+    def _qk_multiplier(self, attn) -> torch.Tensor:
+        """[heads + kv_heads, D]: what each q and k head is multiplied by after its (optional)
+        norm. The attention scale 1/sqrt(D) rides on q, so attention runs at scale 1; the folded
+        norm leaves a factor sqrt(D) on q (cancelling that scale) and on k (multiplied back)."""
+        d = self.head_dim
+        if not self.qk_normed:
+            ones = self.embed.new_ones(d)
+            return torch.cat(((ones * d**-0.5).expand(self.heads, -1),
+                              ones.expand(self.kv_heads, -1)))
+        q_scale, k_scale = (1.0, d**0.5) if self.folded else (d**-0.5, 1.0)
+        q_norm, k_norm = self._cast(attn.q_norm.weight), self._cast(attn.k_norm.weight)
+        return torch.cat(((q_norm * q_scale).expand(self.heads, -1),
+                          (k_norm * k_scale).expand(self.kv_heads, -1)))
 
     def _versions(self) -> list[int]:
         return [t._version for t in self._sources]

@@ -15,6 +15,9 @@ from tidal.model.config import ModelConfig
 PRESETS: dict[str, Callable[[], ModelConfig]] = {
     # The default recipe's model (~1.6M params): the ModelConfig defaults, nothing restated.
     "tiny": lambda: ModelConfig(),
+    # The same model as a Llama (no q/k norms; written as model_type "llama"), with Llama-style
+    # RoPE theta and norm eps (SmolLM2's) so the config plumbing is exercised.
+    "tiny-llama": lambda: ModelConfig(qk_norm=False, rope_theta=100000.0, rms_norm_eps=1e-5),
     # Same trunk, every layer a sparse MoE: 8 experts, top-2 (router replay, expert capture).
     "tiny-moe": lambda: ModelConfig(num_experts=8, num_experts_per_tok=2),
     # ~24M-param dense model for throughput benchmarks.

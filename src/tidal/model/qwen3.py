@@ -1,4 +1,6 @@
-"""The Qwen3 decoder (dense) and Qwen3-MoE (every layer sparse), matching transformers' numerics.
+"""The Qwen3 / Llama decoder (dense) and Qwen3-MoE (every layer sparse), matching transformers'
+numerics. Llama is Qwen3 without the per-head q/k RMSNorms (``ModelConfig.qk_norm = False``); its
+state_dict then has exactly transformers' LlamaForCausalLM tensor names.
 
 Module and parameter names equal Hugging Face's (``model.layers.3.self_attn.q_proj.weight``), so a
 state_dict is an HF checkpoint up to one difference: experts are stored fused, as transformers
@@ -60,15 +62,19 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=False)
         self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=False)
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
-        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        # Qwen3's per-head norms; Llama has none (and no such tensors in its state_dict)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
 
     def forward(self, x, cos, sin) -> torch.Tensor:
         """x [B, T, H], cos/sin [B, 1, T, D] -> [B, T, H], causal over T (no cache: the cached
         forward is fused.py's)."""
         b, t, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, t, self.num_heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
@@ -332,8 +338,8 @@ def _drop_fused_weights_after_load(model: CausalLM, incompatible_keys) -> None:
 
 @torch.no_grad()
 def init_weights(model: CausalLM, generator: torch.Generator | None = None) -> None:
-    """transformers' Qwen3 init: every matrix (embeddings, projections, router, experts) from
-    normal(0, initializer_range), norm weights 1."""
+    """transformers' Qwen3 (and Llama) init: every matrix (embeddings, projections, router,
+    experts) from normal(0, initializer_range), norm weights 1."""
     std = model.config.initializer_range
     for name, p in model.named_parameters():
         if name.endswith("norm.weight"):

@@ -24,15 +24,17 @@ An op set provides:
     linear(prepared, x, residual=None)    residual + x @ W.T
     norm(x, weight | None, w)             RMSNorm over the hidden size (None: folded, see below)
     self_attention(qkv, qk_norm, cos, sin, ctx, kv, w) -> [B, T, heads * D]
-                                          q/k norms, RoPE, cache write, attention
+                                          q/k norms (or, without them, only the
+                                          multiplier), RoPE, cache write, attention
     silu_mul(gate, up)
     moe(layer, h, replay, w) -> (out, own top-k)
 
 ``w`` is the forward's weights (model/fused.py ``FusedWeights``: heads, kv_heads, head_dim, eps,
-hidden_eps, head_eps, folded, top_k, norm_topk_prob). Folded norms (fp32): the RMSNorm weight and
-sqrt(width) live in the next matmul, the norm is x / sqrt(sum x^2 + width * eps)
+hidden_eps, head_eps, folded, qk_normed, top_k, norm_topk_prob). Folded norms (fp32): the RMSNorm
+weight and sqrt(width) live in the next matmul, the norm is x / sqrt(sum x^2 + width * eps)
 (``ops.folded_rms_norm``); q's sqrt(D) cancels the attention scale, so every op set attends at
-scale 1 (bf16 keeps RMSNorm's exact form and carries 1/sqrt(D) in q's norm weight).
+scale 1 (bf16 keeps RMSNorm's exact form and carries 1/sqrt(D) in q's norm weight). A model
+without q/k norms (Llama: ``w.qk_normed`` False) has the multiplier only: 1/sqrt(D) on q, 1 on k.
 """
 
 from __future__ import annotations
@@ -62,10 +64,13 @@ class CpuOps:
 
     def rotate_qk(self, qkv: torch.Tensor, qk_norm: torch.Tensor, cos, sin, w):
         """qkv [B, T, heads + 2 kv_heads, D] -> q [B, T, heads, D], k, v [B, T, kv_heads, D]:
-        q_norm / k_norm as one norm over all q and k heads (times the per-head weight), RoPE."""
+        q_norm / k_norm as one norm over all q and k heads (times the per-head weight), RoPE.
+        Without q/k norms (Llama) q and k are only multiplied by qk_norm (the attention scale)."""
         heads, kv_heads = w.heads, w.kv_heads
         qk = qkv.narrow(2, 0, heads + kv_heads)
-        if w.folded:
+        if not w.qk_normed:
+            qk = qk * qk_norm
+        elif w.folded:
             qk = folded_rms_norm(qk, w.head_eps) * qk_norm
         else:
             qk = self.rms_norm(qk, None, w.eps) * qk_norm
