@@ -286,17 +286,17 @@ def _break_path(monkeypatch, path: str):
 
 def test_probe_takes_the_next_path_when_an_op_fails_its_check(monkeypatch):
     """An injected non-invariant linear: the probe rejects it, the forward runs the next path
-    (reduce) and the engine's logprobs still equal the trainer's bit for bit."""
+    (split-k) and the engine's logprobs still equal the trainer's bit for bit."""
     from tidal.numerics import probe
 
     _break_path(monkeypatch, "onednn")
     paths = probe.choose_paths(torch.float32)
-    assert paths.linear == "reduce"
+    assert paths.linear == "split-k"
     rejected = paths.results[0].candidates[0]
     assert rejected.path == "onednn" and not rejected.holds and "rows" in rejected.failure
     policy = build_model(preset("tiny-moe").model_copy(update={"num_hidden_layers": 1}), seed=0)
     results = _generate_rounds(copy.deepcopy(policy), [1, 3], new_tokens=4)
-    assert policy.fused_weights("deterministic", torch.float32).ops.paths.linear == "reduce"
+    assert policy.fused_weights("deterministic", torch.float32).ops.paths.linear == "split-k"
     trainer = Trainer(policy, TrainerConfig(micro_batch_size=2), temperature=0.8)
     totals = trainer.accumulate_gradients(collate(_trajectories(results), pad_id=0, normalize_std=True))
     assert totals.mismatch.bitwise_equal_fraction == 1.0
@@ -378,6 +378,51 @@ def test_a_matrix_runs_the_faster_path_that_holds_at_its_own_shape(monkeypatch):
                       numerics="deterministic")
     totals = trainer.accumulate_gradients(collate(_trajectories(results), pad_id=0, normalize_std=True))
     assert totals.mismatch.bitwise_equal_fraction == 1.0
+
+
+def test_split_k_holds_where_every_whole_width_kernel_fails(monkeypatch):
+    """On an AMD EPYC with native bf16, bf16 F.linear and the fp32 kernel both hold at width 576
+    and both fail at SmolLM2's 1536-wide down projection (one row alone runs another kernel).
+    Both broken at the 512-wide matrix here: it runs split-k (blocks of SPLIT_K columns, each an
+    fp32 kernel at a width where it holds), the rest keep native, and engine == trainer."""
+    from tidal.numerics import ops, probe
+
+    honest = ops.DeterministicLinear.__call__
+
+    def call(self, x):
+        out = honest(self, x)
+        wide = x.shape[-1] == 512 and self.path in ("native", "fp32-accumulate")
+        if wide and x.numel() // x.shape[-1] % 2:  # odd row counts take "another kernel"
+            out = torch.nextafter(out, torch.full_like(out, float("inf")))
+        return out
+
+    monkeypatch.setattr(ops.DeterministicLinear, "__call__", call)
+    monkeypatch.setattr(probe, "_CACHE", {})
+    cfg = preset("tiny").model_copy(update={"num_hidden_layers": 1})
+    paths = probe.choose_paths(torch.bfloat16, probe.ProbeShapes.of_model(cfg))
+    assert paths.linear == "split-k" and paths.linear_path((192, 512)) == "split-k"
+    assert paths.linear_path((1024, 192)) == "native"
+    policy = build_model(cfg, seed=0)
+    serving = copy.deepcopy(policy).to(torch.bfloat16)
+    results = _generate_rounds(serving, [1, 3, 8], new_tokens=4)
+    trainer = Trainer(policy, TrainerConfig(dtype="bfloat16", micro_batch_size=4), temperature=0.8,
+                      numerics="deterministic")
+    totals = trainer.accumulate_gradients(collate(_trajectories(results), pad_id=0, normalize_std=True))
+    assert totals.mismatch.bitwise_equal_fraction == 1.0
+
+
+def test_split_k_linear_equals_the_plain_product_and_trains():
+    """split-k is a linear: close to x @ W.T, with a gradient, at a width that is not a multiple
+    of its block."""
+    from tidal.numerics.ops import SPLIT_K, DeterministicLinear
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, SPLIT_K + 100, generator=g, requires_grad=True)
+    x = torch.randn(5, SPLIT_K + 100, generator=g)
+    y = DeterministicLinear(w, "split-k")(x)
+    torch.testing.assert_close(y, x @ w.T, atol=1e-4, rtol=1e-4)
+    y.sum().backward()
+    torch.testing.assert_close(w.grad, x.sum(0).expand(64, -1), atol=1e-4, rtol=1e-4)
 
 
 def test_no_path_that_holds_refuses_to_run_deterministic(monkeypatch):

@@ -72,20 +72,35 @@ class _PackedLinearFunction(torch.autograd.Function):
 
 
 LINEAR_PATHS: dict[torch.dtype, tuple[str, ...]] = {
-    torch.float32: ("onednn", "reduce"),
-    torch.bfloat16: ("native", "fp32-accumulate", "reduce"),
+    torch.float32: ("onednn", "split-k", "reduce"),
+    torch.bfloat16: ("native", "fp32-accumulate", "split-k", "reduce"),
 }
 """Candidate paths of ``DeterministicLinear`` per dtype, fastest first; probe.py picks the first
 that is batch-invariant here. onednn: oneDNN's linear on a weight packed once (fp32). native:
 ``F.linear`` in the dtype. fp32-accumulate: the bf16 operands upcast to fp32 (exact: a bf16 value
 is an fp32 value, and so is the product of two), oneDNN's packed fp32 linear, one rounding to
 bf16 at the end; on a CPU without native bf16 it is also ~4x faster than bf16 ``F.linear``.
+split-k: the input width cut into blocks of SPLIT_K columns, each block's product a packed fp32
+oneDNN linear (bf16 operands upcast exactly), the blocks' outputs added in order, one rounding at
+the end: the invariance of the kernel at width SPLIT_K carried to any width (on an AMD EPYC with
+native bf16, bf16 ``F.linear`` and the fp32 kernel both hold at width 576 and both fail at
+SmolLM2's 1536-wide down projection, where one row alone takes another kernel).
 reduce: no GEMM at all: each output is the elementwise product of its row and the weight's row,
 summed by ATen's row reduction (``sum(-1)``) in fp32, whose order depends only on the input width
 (a one-row GEMM call is no way out: MKL's fp32 GEMV changes with the thread count); ~10-50x slower
 than a GEMM, the last resort."""
+SPLIT_K = 512
+"""Input columns per block of the split-k linear path."""
 REDUCE_CHUNK_ELEMENTS = 1 << 22
 """The reduce path's temporary [rows, out, in] product is made this many elements at a time."""
+
+
+def _packed_linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight.T in fp32 on oneDNN's packed weight (``packed``, or packed now with autograd)."""
+    if packed is not None:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    weight = weight.float()
+    return _PackedLinearFunction.apply(x, weight, pack_for_onednn(weight))
 
 
 class DeterministicLinear:
@@ -94,18 +109,25 @@ class DeterministicLinear:
     ``weight`` [out, in] may require grad (trainer): a packed copy is then made per call (a copy
     of the matrix, cheap beside the matmul)."""
 
-    __slots__ = ("weight", "packed", "path", "wide")
+    __slots__ = ("weight", "packed", "path", "wide", "blocks")
 
     def __init__(self, weight: torch.Tensor, path: str | None = None):
         self.weight = weight
         self.path = path or LINEAR_PATHS.get(weight.dtype, ("native",))[0]
         self.wide = weight.dtype != torch.float32 and self.path != "native"
         """The path computes in fp32 and rounds once at the end."""
-        if self.path in ("onednn", "fp32-accumulate") and not onednn_usable(weight.float()):
+        if self.path in ("onednn", "fp32-accumulate", "split-k") and not onednn_usable(weight.float()):
             raise ValueError(f"linear path {self.path!r} needs oneDNN on the CPU")
         self.packed = None
         if self.path in ("onednn", "fp32-accumulate") and not weight.requires_grad:
             self.packed = pack_for_onednn(weight.float())
+        self.blocks: list[tuple[int, int, torch.Tensor | None]] = []
+        """split-k: (first column, end column, packed block or None when built per call)."""
+        if self.path == "split-k":
+            width = weight.shape[-1]
+            self.blocks = [(a, min(a + SPLIT_K, width), None if weight.requires_grad else
+                            pack_for_onednn(weight[:, a : a + SPLIT_K].float().contiguous()))
+                           for a in range(0, width, SPLIT_K)]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         path = self.path
@@ -120,6 +142,11 @@ class DeterministicLinear:
                       for i in range(0, rows.shape[0], chunk)]
             out = torch.cat(pieces) if pieces else rows.new_zeros(0, weight.shape[0])
             out = out.view(*x.shape[:-1], weight.shape[0])
+        elif path == "split-k":
+            out = None
+            for a, b, packed in self.blocks:
+                part = _packed_linear(wx[..., a:b].contiguous(), self.weight[:, a:b], packed)
+                out = part if out is None else out + part
         elif self.packed is not None:
             out = torch.ops.mkldnn._linear_pointwise(wx, self.packed, None, "none", [], "")
         else:
