@@ -133,3 +133,25 @@ def test_train_checks_the_environment_before_mid_training(tmp_path, monkeypatch,
     run_dir = tmp_path / "run"
     assert main(["train", "--run-dir", str(run_dir), "--env.name", "ledgr"]) == 2
     assert "ledgr" in capsys.readouterr().err and not run_dir.exists()
+
+
+# --- shipped recipes, and a checkpoint fixing [model]'s architecture ---------------------------
+
+def test_a_shipped_recipe_is_found_by_name():
+    from tidal.config.loader import recipe_path
+
+    assert recipe_path("smollm2").name == "smollm2.toml"
+    with pytest.raises(ConfigError, match="smollm2"):
+        recipe_path("no-such-recipe")
+
+
+def test_init_from_fixes_the_architecture(tmp_path):
+    from tidal.model import build_model, preset, save_pretrained
+    from tidal.model.checkpoint import CheckpointError
+
+    save_pretrained(build_model(preset("tiny-llama"), seed=0), tmp_path / "ckpt")
+    cfg = load_config(None, ["--model.init_from", str(tmp_path / "ckpt")])
+    assert cfg.model.qk_norm is False and cfg.model.rope_theta == 100000.0
+    assert cfg.model.init_from == str(tmp_path / "ckpt")
+    with pytest.raises(CheckpointError, match="model.hidden_size = 64"):
+        load_config(None, ["--model.init_from", str(tmp_path / "ckpt"), "--model.hidden_size", "64"])

@@ -52,3 +52,39 @@ def test_single_turn_rollouts_match_generate_then_grade(setup):
         assert t.info["passed"] == g.passed and t.level == task.level and t.episode.turns == 1
         assert t.solved == (g.reward == 1.0)
     assert stats.generated_tokens == sum(len(r.token_ids) for r in reference)
+
+
+# --- prompt_style = "instruct": the family asked in plain English, for a chat model -------------
+
+from tidal.envs.funcs.grader import extract_code  # noqa: E402
+
+
+def test_instruct_prompt_states_the_task_in_plain_english():
+    cfg = family.FuncsConfig(min_level=2, max_level=2, prompt_style="instruct")
+    [task] = family.sample_tasks(cfg, 1, seed=3, heldout=False)
+    assert task.instruction.startswith("Write a Python function f(x)")
+    assert family.describe(task.spec)[1:-1] in task.instruction  # the steps, in words
+    assert task.instruction.endswith("Reply with only the code.")
+    assert "def f" not in task.instruction and task.prompt.endswith("def f(x):\n")
+
+
+@pytest.mark.parametrize("answer, code", [
+    ("```python\ndef f(x):\n    return x\n```\nThis returns x.", "def f(x):\n    return x\n"),
+    ("Here:\n```\ndef f(x):\n    return x\n```", "def f(x):\n    return x\n"),
+    ("```py\ndef f(x):\n    return x", "def f(x):\n    return x"),  # cut before the fence closed
+    ("def f(x):\n    return x", "def f(x):\n    return x"),  # no fence: the whole answer
+])
+def test_extract_code_takes_the_first_fenced_block(answer, code):
+    assert extract_code(answer) == code
+
+
+def test_instruct_answers_are_graded_from_their_code_block(setup):
+    sandbox = setup[1]
+    cfg = family.FuncsConfig(min_level=1, max_level=2, prompt_style="instruct")
+    tasks = family.sample_tasks(cfg, 4, seed=0, heldout=False)
+    good = [f"```python\ndef f(x):\n{t.reference_solution.rstrip()}\n```\nExplained." for t in tasks]
+    wrong = ["```python\ndef f(x):\n    return x + 1000\n```" for _ in tasks]
+    grades = grade_many(sandbox, tasks + tasks, good + wrong, style="instruct")
+    assert [g.reward for g in grades] == [1.0] * 4 + [0.0] * 4
+    # the same answers graded in the completion style are not programs after "def f(x):"
+    assert grade_many(sandbox, tasks[:1], good[:1])[0].reward == 0.0

@@ -227,10 +227,11 @@ def evaluate_checkpoint(cfg, env, checkpoint: Path, tasks: int | None) -> dict:
     from tidal.engine.engine import Engine
     from tidal.model import from_pretrained, load_tokenizer
     from tidal.orchestrator.evaluate import canary_metrics, eval_canaries, heldout_pass1
+    from tidal.orchestrator.loop import eval_engine_config
 
     oc = cfg.orchestrator
     model = from_pretrained(checkpoint, dtype=getattr(torch, cfg.model.dtype))
-    engine = Engine(model, load_tokenizer(checkpoint), cfg.engine)
+    engine = Engine(model, load_tokenizer(checkpoint), eval_engine_config(cfg))
     held = env.sample_tasks(tasks or oc.heldout_tasks, oc.heldout_seed, True)
     ic = cfg.env.integrity
     result = heldout_pass1(engine, env, held, cfg.harness, oc.eval_samples_per_task, cfg.run.seed,

@@ -37,6 +37,7 @@ ENVIRONMENTS: dict[str, str] = {
     "ledger": "tidal.envs.ledger",  # the long-horizon family (horizon engineer)
     "hackable": "tidal.envs.hackable",  # the integrity demonstration (issue 13)
     "pyrepo": "tidal.envs.pyrepo",
+    "requests": "tidal.envs.requests",  # plain-English string/list requests (retention check)
 }
 """Built-in environments: name -> module exposing load_environment."""
 

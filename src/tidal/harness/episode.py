@@ -33,8 +33,8 @@ from typing import Any
 
 from tidal.engine.request import GenerationRequest
 from tidal.env.base import Environment, StepResult
-from tidal.env.toolcall import OBS_CLOSE, OBS_OPEN
 from tidal.env.tools import run_blocking
+from tidal.harness.chat_format import chat_format
 from tidal.harness.config import HarnessConfig
 from tidal.harness.seeds import derive_seed
 from tidal.harness.segments import SegmentBuilder
@@ -118,12 +118,14 @@ class Episode:
         self.env, self.client, self.tok, self.cfg = env, client, tokenizer, cfg
         self.index, self.seed, self.requests = index, seed, 0
         self.window, self.max_turn_tokens, self.no_experts = window, max_turn_tokens, no_experts
-        self.obs_open, self.obs_close = tokenizer.encode(OBS_OPEN), tokenizer.encode(OBS_CLOSE)
-        self.summary_open = tokenizer.encode(SUMMARY_OPEN)
+        self.format = chat_format(tokenizer)
+        self.obs_open, self.obs_close = self.format.observation([])
+        self.end_of_turn = self.format.end_of_turn
+        self.summary_open = self.format.summary_request(SUMMARY_OPEN)
         self.summary_close = tokenizer.encode(SUMMARY_CLOSE)
         self.newline = tokenizer.encode("\n")
-        summary_room = (len(self.summary_open) + cfg.summary_max_tokens + len(self.summary_close)
-                        + len(self.newline))
+        summary_room = (len(self.end_of_turn) + len(self.summary_open) + cfg.summary_max_tokens
+                        + len(self.summary_close) + len(self.newline))
         self.reserve = summary_room if cfg.context_mode == "summarize" else 0
         """Tokens kept free at the end of every context (for the summary)."""
         self.head: list[int] = []
@@ -135,7 +137,7 @@ class Episode:
 
     async def run(self, task: Any) -> EpisodeResult:
         try:
-            self.head = self.tok.encode(await self.env.reset(task), add_bos=True)
+            self.head = self.format.head(await self.env.reset(task))
             self.result.head_tokens = len(self.head)
             if not self._head_fits():
                 return await self._skip()
@@ -178,13 +180,15 @@ class Episode:
             if step.done:
                 return StepResult("", 0.0, True, step.info)
             obs = self._observation_ids(step.observation)
-            if len(obs) > self._room():
+            if len(self._closing()) + len(obs) > self._room():
                 if self._tokens_left() <= 0:  # no tokens left to summarize with
                     return await self.env.end("token_budget")
                 if self.cfg.context_mode == "stop" or not await self._compact():
                     return await self.env.end("context")
-            if len(self.obs_open) + len(self.obs_close) > self._room():
+            close = self._closing()
+            if len(close) + len(self.obs_open) + len(self.obs_close) > self._room():
                 return await self.env.end("context")
+            self._add_env(close)
             self._add_env(self._fit(obs))
 
     async def _env_step(self, action: str) -> StepResult | None:
@@ -229,6 +233,15 @@ class Episode:
         r.info.update(ended.info, reason=PROMPT_TOO_LONG)
         return r
 
+    def _closing(self) -> list[int]:
+        """What closes the open assistant turn before the harness writes a message: the chat
+        template's end-of-turn token, unless the context already ends with it (the model sampled
+        it); nothing for the raw format, whose turns run on."""
+        n = len(self.end_of_turn)
+        if not n or self.seg.context()[-n:] == self.end_of_turn:
+            return []
+        return list(self.end_of_turn)
+
     def _observation_ids(self, text: str) -> list[int]:
         """``<obs>text</obs>`` with the text cut to max_observation_tokens (cut marked)."""
         ids = self.tok.encode(text)
@@ -268,7 +281,8 @@ class Episode:
         """Ask for a summary (trained in the closing segment); return the next context's
         ``<summary>...</summary>`` block."""
         context = self.seg.context()
-        self._add_env(self.summary_open)
+        close = self._closing()
+        self._add_env(close + self.summary_open)
         summary = await self._generate(self.cfg.summary_max_tokens, [SUMMARY_CLOSE], "summary")
         self.seg.add_model(summary, turn=False)
         self.result.summary_lengths.append(len(summary.token_ids))
@@ -277,7 +291,7 @@ class Episode:
         ids = list(summary.token_ids)
         if SUMMARY_CLOSE not in summary.text:
             ids += self.summary_close
-        return self.summary_open + ids + self.newline
+        return close + self.summary_open + ids + self.newline
 
     def _check_summary(self, context: list[int], summary: str) -> None:
         """The environment's check of the summary as the closing segment's dense reward

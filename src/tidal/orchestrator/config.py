@@ -105,6 +105,9 @@ class OrchestratorConfig(Section):
     """Seed of the held-out task set (fixed, so runs with different seeds compare on one set)."""
     eval_samples_per_task: int = Field(2, ge=1)
     """Samples per held-out task; pass@1 is their mean (lower variance than one sample)."""
+    eval_temperature: float | None = Field(None, ge=0)
+    """Sampling temperature of held-out evaluation; None = engine.temperature (what training
+    samples with), 0 = greedy (then one sample per task is enough: eval_samples_per_task = 1)."""
     eval_every: int = Field(40, ge=0)
     """Measure held-out pass@1 every this many steps (0 = only before and after)."""
     checkpoint_every: int = Field(50, ge=0)

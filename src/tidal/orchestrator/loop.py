@@ -174,6 +174,13 @@ def step_record(state: RunState, version: int, results: list[RolloutResult], tra
         worker_failures=state.worker_failures, step_time_s=state.rl_wall_s - last_wall_s, train=train)
 
 
+def eval_engine_config(cfg: TidalConfig):
+    """The engine settings held-out evaluation samples with: the run's, at
+    orchestrator.eval_temperature where one is set (0: greedy)."""
+    t = cfg.orchestrator.eval_temperature
+    return cfg.engine if t is None else cfg.engine.model_copy(update={"temperature": t})
+
+
 class Run:
     """One RL run: the trainer and eval engine in this process, rollout workers in a pool."""
 
@@ -203,7 +210,8 @@ class Run:
                                 if hasattr(self.trainer, "optimizer") else None)
         """The optimizer as built: what a restore of the model RL began from starts with."""
         serving = copy.deepcopy(policy).to(getattr(torch, cfg.model.dtype))
-        self.eval_engine = Engine(serving, load_tokenizer(init_checkpoint), cfg.engine, version=0)
+        self.eval_engine = Engine(serving, load_tokenizer(init_checkpoint), eval_engine_config(cfg),
+                                  version=0)
         self.env = from_config(cfg.env, Sandbox(cfg.env.sandbox))
         self.heldout = self.env.sample_tasks(oc.heldout_tasks, oc.heldout_seed, True)
         self.canaries = eval_canaries(self.env, self.heldout, cfg.env.integrity.eval_canaries,

@@ -1,5 +1,7 @@
 """Settings of the "funcs" family (``env.args`` when ``env.name = "funcs"``)."""
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from tidal.section import Section
@@ -16,6 +18,12 @@ class FuncsConfig(Section):
     """Hidden test cases per task."""
     num_examples: int = Field(1, ge=0)
     """Input/output examples shown in the prompt (beside the description)."""
+    prompt_style: Literal["code", "instruct"] = "code"
+    """How a task is asked: "code" = a completion prompt (``# Task:`` comments and ``def
+    f(x):``; the model writes the body), for a model mid-trained on the family's corpus;
+    "instruct" = in plain English as a chat message ("Write a Python function f(x) ... Reply
+    with only the code."), for a pretrained instruct model, whose answer is graded from its
+    first fenced code block (or its whole text when it has none)."""
     corpus_bug_rate: float = Field(0.3, ge=0.0, lt=1.0)
     """Mid-training corpus realism: the chance that each line of a corpus solution carries a
     typical slip (an off-by-one constant, a confused operator), as code found in the wild does.

@@ -3,7 +3,9 @@
 reset(task) shows the prompt (``# Task: ...`` and ``def f(x):``); the model's one turn is the
 function body (ending at the engine's stop string); step grades it in the sandbox against the
 hidden tests and ends the episode. This is exactly what the single-turn rollout did before
-environments existed, so the default recipe trains the same way.
+environments existed, so the default recipe trains the same way. With ``prompt_style =
+"instruct"`` the task is a plain-English chat message instead, and the answer (ending at the chat
+template's end of turn) is graded from its fenced code block.
 """
 
 from __future__ import annotations
@@ -18,17 +20,20 @@ from tidal.envs.funcs.tasks import Task
 
 
 class FuncsEnvironment(Environment):
-    def __init__(self, sandbox):
-        self.sandbox = sandbox
+    def __init__(self, sandbox, prompt_style: str = "code"):
+        self.sandbox, self.prompt_style = sandbox, prompt_style
         self.task: Task | None = None
+        if prompt_style == "instruct":
+            self.stop = []  # a chat answer ends at the template's end of turn, not a blank line
 
     async def reset(self, task: Task) -> str:
         self.task = task
-        return task.prompt
+        return task.instruction if self.prompt_style == "instruct" else task.prompt
 
     async def step(self, action: str) -> StepResult:
         assert self.task is not None, "step() before reset()"
-        [grade] = await run_blocking(grade_many, self.sandbox, [self.task], [action])
+        [grade] = await run_blocking(grade_many, self.sandbox, [self.task], [action],
+                                     self.prompt_style)
         info = {"reason": grade.reason, "passed": grade.passed, "total": grade.total,
                 "level": self.task.level}
         return StepResult("", grade.reward, True, info)
@@ -42,7 +47,7 @@ def load_environment(sandbox=None, config: FuncsConfig | None = None) -> Environ
     cfg = config or FuncsConfig()
     return EnvironmentSpec(
         name="funcs",
-        make=lambda: FuncsEnvironment(sandbox),
+        make=lambda: FuncsEnvironment(sandbox, cfg.prompt_style),
         sample_tasks=lambda n, seed, heldout: tasks.sample_tasks(cfg, n, seed, heldout),
         build_corpus=lambda n_docs, seed: corpus.build_corpus(cfg, n_docs, seed),
         corpus_version=tasks.GENERATOR_VERSION,

@@ -11,6 +11,7 @@ The checker holds the whole candidate and its hidden tests, so equal programs ar
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from tidal.env.grading import NONCE_PREAMBLE, run_graded_many
@@ -47,18 +48,34 @@ class Grade:
     wall_s: float
 
 
-def candidate_source(task: Task, completion: str) -> str:
+FENCE = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.DOTALL)
+"""A fenced code block: the opening fence (with any language tag) to the closing one, or to the
+end of the text when the answer was cut before it closed."""
+
+
+def extract_code(answer: str) -> str:
+    """A chat answer's program: its first fenced code block, else the whole answer."""
+    m = FENCE.search(answer)
+    return m[1] if m else answer
+
+
+def candidate_source(task: Task, completion: str, style: str = "code") -> str:
+    """The program to run: the prompt's ``def f(x):`` and the body the model wrote ("code"),
+    or the code of a chat answer ("instruct"), which must define ``f`` itself."""
+    if style == "instruct":
+        return extract_code(completion)
     return task.prompt + completion
 
 
-def checker_program(task: Task, completion: str) -> str:
-    return CHECKER.format(src=candidate_source(task, completion), tests=list(task.tests))
+def checker_program(task: Task, completion: str, style: str = "code") -> str:
+    return CHECKER.format(src=candidate_source(task, completion, style), tests=list(task.tests))
 
 
-def grade_many(sandbox, tasks: list[Task], completions: list[str]) -> list[Grade]:
+def grade_many(sandbox, tasks: list[Task], completions: list[str],
+               style: str = "code") -> list[Grade]:
     """Grade each (task, completion) pair in the sandbox, each distinct program once (see the
-    module docstring); never raises for bad code."""
-    programs = [checker_program(t, c) for t, c in zip(tasks, completions)]
+    module docstring); never raises for bad code. ``style``: FuncsConfig.prompt_style."""
+    programs = [checker_program(t, c, style) for t, c in zip(tasks, completions)]
     verdicts = run_graded_many(sandbox, programs, share=sandbox.cfg.share_verdicts)
     grades = []
     for task, verdict in zip(tasks, verdicts):

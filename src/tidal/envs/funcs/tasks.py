@@ -72,6 +72,8 @@ class Task:
     spec: tuple[tuple[str, int], ...]
     prompt: str
     tests: tuple[tuple[int, int], ...]  # (input, expected output)
+    instruction: str = ""
+    """The same task asked in plain English, for a chat model (``prompt_style = "instruct"``)."""
 
     @property
     def reference_solution(self) -> str:
@@ -118,6 +120,18 @@ def prompt_text(spec, examples: list[tuple[int, int]]) -> str:
     return "\n".join(lines)
 
 
+def instruction_text(spec, examples: list[tuple[int, int]]) -> str:
+    """The task as a person would ask a chat assistant: the steps in words, the examples, and
+    what to reply with (a fenced code block is graded; see grader.extract_code)."""
+    steps = describe(spec)
+    lines = [f"Write a Python function f(x) that takes an integer x, applies these steps in "
+             f"order and returns the result: {steps[0].lower()}{steps[1:]}"]
+    if examples:
+        lines.append("Examples: " + ", ".join(f"f({x}) == {y}" for x, y in examples))
+    lines.append("Reply with only the code.")
+    return "\n".join(lines)
+
+
 def random_spec(rng: random.Random, level: int, ops: list[Op] = OPS) -> tuple[tuple[str, int], ...]:
     spec = []
     for _ in range(level):
@@ -131,7 +145,7 @@ def make_task(spec, rng: random.Random, num_examples: int, num_tests: int) -> Ta
     pairs = [(x, evaluate(spec, x)) for x in xs]
     task_id = f"funcs-{hashlib.sha256(canonical(spec).encode()).hexdigest()[:12]}"
     return Task(task_id, len(spec), tuple(spec), prompt_text(spec, pairs[:num_examples]),
-                tuple(pairs[num_examples:]))
+                tuple(pairs[num_examples:]), instruction_text(spec, pairs[:num_examples]))
 
 
 def sample_tasks(cfg: FuncsConfig, n: int, seed: int, heldout: bool) -> list[Task]:
