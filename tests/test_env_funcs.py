@@ -88,3 +88,12 @@ def test_instruct_answers_are_graded_from_their_code_block(setup):
     assert [g.reward for g in grades] == [1.0] * 4 + [0.0] * 4
     # the same answers graded in the completion style are not programs after "def f(x):"
     assert grade_many(sandbox, tasks[:1], good[:1])[0].reward == 0.0
+
+
+def test_partial_credit_rewards_the_fraction_passed_and_never_solves():
+    from tidal.envs.funcs import Grade, reward_of
+
+    half = Grade(0.0, "wrong_answer", 3, 6, 0.0)
+    assert reward_of(half) == 0.0 and reward_of(half, 0.5) == pytest.approx(0.25)
+    assert reward_of(Grade(1.0, "pass", 6, 6, 0.0), 0.5) == 1.0
+    assert reward_of(Grade(0.0, "syntax_error", 0, 6, 0.0), 0.5) == 0.0

@@ -29,6 +29,8 @@ BENCHMARKS = {
            "RL steps per minute of the default recipe, now vs before the speed work (shared prompts, in-flight updates)"),
     "controls": ("tidal.bench.controls_bench",
                  "the loss controls (KL, entropy bonus, dual-clip, constant lr) as arms of the default recipe on two families"),
+    "peer": ("tidal.bench.peer_bench",
+             "RL of a pretrained model (a recipe's) through tidal vs TRL's GRPOTrainer: speed, gain, memory"),
     "multiturn": ("tidal.bench.multiturn_bench",
                   "multi-turn rollout time with the engine's prefix cache vs prefilling every turn"),
 }

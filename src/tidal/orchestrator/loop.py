@@ -252,7 +252,15 @@ class Run:
         self._saved_step = self.state.step
         if hasattr(self.trainer, "save"):  # the sharded trainer: DCP shards + HF folder
             return self.trainer.save(path, extra)
-        return save_checkpoint(self.trainer, path, extra)
+        return save_checkpoint(self.trainer, path, extra, self._checkpoint_tokenizer())
+
+    def _checkpoint_tokenizer(self):
+        """The tokenizer a checkpoint carries: a pretrained model's (its files and chat template),
+        none for the byte tokenizer, which needs no file."""
+        from tidal.model.tokenizer import ByteTokenizer
+
+        tokenizer = self.eval_engine.tokenizer
+        return None if isinstance(tokenizer, ByteTokenizer) else tokenizer
 
     def restore(self) -> bool:
         """Continue from the run dir's latest complete checkpoint; False if there is none."""

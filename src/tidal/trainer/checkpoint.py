@@ -49,8 +49,11 @@ def checkpoint_path(run_dir: str | Path, version: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"step_{version:06d}"
 
 
-def save_checkpoint(trainer: Trainer, path: str | Path, extra: dict | None = None) -> Path:
-    """Write model + trainer state + ``extra`` to ``path`` atomically (see the module docstring).
+def save_checkpoint(trainer: Trainer, path: str | Path, extra: dict | None = None,
+                    tokenizer=None) -> Path:
+    """Write model + trainer state + ``extra`` to ``path`` atomically (see the module docstring);
+    with ``tokenizer``, its files too (a pretrained model's checkpoint then loads in transformers
+    with its tokenizer and chat template).
 
     An existing checkpoint at ``path`` is replaced. On OSError the staging folder is removed and
     an OSError naming the checkpoint is raised; previous checkpoints stay loadable.
@@ -61,7 +64,7 @@ def save_checkpoint(trainer: Trainer, path: str | Path, extra: dict | None = Non
     staging.mkdir()
     try:
         inner = staging / path.name
-        save_pretrained(trainer.model, inner)
+        save_pretrained(trainer.model, inner, tokenizer)
         state = {"trainer": trainer.state_dict(), "extra": extra or {}}
         torch.save(state, inner / TRAINER_STATE)
         _fsync_tree(inner)

@@ -7,7 +7,7 @@ of a hurried programmer, and the grader of a one-argument ``f``.
 from tidal.envs.funcs.config import FuncsConfig
 from tidal.envs.funcs.corpus import build_corpus
 from tidal.envs.funcs.environment import FuncsEnvironment, load_environment
-from tidal.envs.funcs.grader import Grade, grade_many
+from tidal.envs.funcs.grader import Grade, grade_many, reward_of
 from tidal.envs.funcs.tasks import (CONST_RANGE, GENERATOR_VERSION, OP_BY_NAME, OPS, Task,
                                     canonical, describe, evaluate, is_heldout, make_task,
                                     parse_solution, random_spec, sample_tasks, slip,
@@ -19,5 +19,5 @@ Config = FuncsConfig
 __all__ = ["CONST_RANGE", "Config", "FuncsConfig", "FuncsEnvironment", "GENERATOR_VERSION",
            "Grade", "OPS", "OP_BY_NAME", "Task", "build_corpus", "canonical", "describe",
            "evaluate", "grade_many", "is_heldout", "load_environment", "make_task",
-           "parse_solution", "random_spec", "sample_tasks", "slip", "solution_text",
+           "parse_solution", "random_spec", "reward_of", "sample_tasks", "slip", "solution_text",
            "split_specs"]

@@ -24,6 +24,11 @@ class FuncsConfig(Section):
     "instruct" = in plain English as a chat message ("Write a Python function f(x) ... Reply
     with only the code."), for a pretrained instruct model, whose answer is graded from its
     first fenced code block (or its whole text when it has none)."""
+    partial_credit: float = Field(0.0, ge=0.0, lt=1.0)
+    """Reward of an answer that passes some hidden tests but not all: this times the fraction it
+    passes (a task counts as solved only when all pass: reward 1). 0 = all or nothing. Why: a
+    pretrained model that solves few tasks gives GRPO groups whose rewards are all 0, which
+    teach nothing; partial credit ranks a half-right program above a broken one."""
     corpus_bug_rate: float = Field(0.3, ge=0.0, lt=1.0)
     """Mid-training corpus realism: the chance that each line of a corpus solution carries a
     typical slip (an off-by-one constant, a confused operator), as code found in the wild does.

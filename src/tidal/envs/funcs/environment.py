@@ -15,13 +15,13 @@ from tidal.env.spec import EnvironmentSpec
 from tidal.env.tools import run_blocking
 from tidal.envs.funcs import corpus, tasks
 from tidal.envs.funcs.config import FuncsConfig
-from tidal.envs.funcs.grader import grade_many
+from tidal.envs.funcs.grader import grade_many, reward_of
 from tidal.envs.funcs.tasks import Task
 
 
 class FuncsEnvironment(Environment):
-    def __init__(self, sandbox, prompt_style: str = "code"):
-        self.sandbox, self.prompt_style = sandbox, prompt_style
+    def __init__(self, sandbox, prompt_style: str = "code", partial_credit: float = 0.0):
+        self.sandbox, self.prompt_style, self.partial_credit = sandbox, prompt_style, partial_credit
         self.task: Task | None = None
         if prompt_style == "instruct":
             self.stop = []  # a chat answer ends at the template's end of turn, not a blank line
@@ -36,7 +36,7 @@ class FuncsEnvironment(Environment):
                                      self.prompt_style)
         info = {"reason": grade.reason, "passed": grade.passed, "total": grade.total,
                 "level": self.task.level}
-        return StepResult("", grade.reward, True, info)
+        return StepResult("", reward_of(grade, self.partial_credit), True, info)
 
     async def end(self, reason: str) -> StepResult:
         return StepResult("", 0.0, True, {"reason": reason, "level": self.task.level})
@@ -47,7 +47,7 @@ def load_environment(sandbox=None, config: FuncsConfig | None = None) -> Environ
     cfg = config or FuncsConfig()
     return EnvironmentSpec(
         name="funcs",
-        make=lambda: FuncsEnvironment(sandbox, cfg.prompt_style),
+        make=lambda: FuncsEnvironment(sandbox, cfg.prompt_style, cfg.partial_credit),
         sample_tasks=lambda n, seed, heldout: tasks.sample_tasks(cfg, n, seed, heldout),
         build_corpus=lambda n_docs, seed: corpus.build_corpus(cfg, n_docs, seed),
         corpus_version=tasks.GENERATOR_VERSION,

@@ -83,3 +83,11 @@ def grade_many(sandbox, tasks: list[Task], completions: list[str],
         reward = 1.0 if verdict.reason == "pass" else 0.0
         grades.append(Grade(reward, verdict.reason, passed, len(task.tests), verdict.wall_s))
     return grades
+
+
+def reward_of(grade: Grade, partial_credit: float = 0.0) -> float:
+    """An episode's reward: 1 when every hidden test passed, else ``partial_credit`` times the
+    fraction passed (FuncsConfig.partial_credit)."""
+    if grade.reward >= 1.0 or not grade.total:
+        return grade.reward
+    return partial_credit * grade.passed / grade.total
