@@ -73,6 +73,7 @@ def test_instruct_prompt_states_the_task_in_plain_english():
     ("Here:\n```\ndef f(x):\n    return x\n```", "def f(x):\n    return x\n"),
     ("```py\ndef f(x):\n    return x", "def f(x):\n    return x"),  # cut before the fence closed
     ("def f(x):\n    return x", "def f(x):\n    return x"),  # no fence: the whole answer
+    ("def f(x):\n    return x\n```\n\nThis returns x.", "def f(x):\n    return x\n"),  # no opening fence
 ])
 def test_extract_code_takes_the_first_fenced_block(answer, code):
     assert extract_code(answer) == code

@@ -54,9 +54,14 @@ end of the text when the answer was cut before it closed."""
 
 
 def extract_code(answer: str) -> str:
-    """A chat answer's program: its first fenced code block, else the whole answer."""
+    """A chat answer's program: its first fenced code block, else the whole answer. Code written
+    before the first fence (``def f(x): ...`` then a closing fence and prose, the opening fence
+    left out) is the program: the text after that fence is the explanation."""
     m = FENCE.search(answer)
-    return m[1] if m else answer
+    if m is None:
+        return answer
+    before = answer[: m.start()]
+    return before if "def " in before else m[1]
 
 
 def candidate_source(task: Task, completion: str, style: str = "code") -> str:
