@@ -110,3 +110,37 @@ def test_byte_tokenizer_keeps_its_raw_format():
 def test_reset_must_return_text_or_messages(tok):
     with pytest.raises(TypeError, match="string or a non-empty list"):
         chat_format(tok).head([{"content": "no role"}])
+
+
+def test_fixit_with_self_summarization_runs_through_a_chat_template(tmp_path, tok):
+    """The multi-turn harness with tools and self-summarization on a (random) Llama with a BPE
+    tokenizer and ChatML: episodes run to an end, contexts are summarised into new segments, and
+    every segment's model tokens are what the engine sampled, its other tokens loss-masked."""
+    from tidal.config import load_config
+    from tidal.engine.engine import Engine
+    from tidal.env import from_config
+    from tidal.harness import run_episodes
+    from tidal.model import build_model, preset
+    from tidal.sandbox import Sandbox
+
+    cfg = load_config(None, ["--env.name", "fixit", "--engine.max_seq_len", "512",
+                             "--harness.context_mode", "summarize", "--harness.context_window", "400",
+                             "--harness.max_turn_tokens", "24", "--harness.summary_max_tokens", "16",
+                             "--harness.max_turns", "8", "--engine.temperature", "1.0"])
+    model = build_model(preset("tiny-llama").model_copy(update={"vocab_size": tok.vocab_size}), seed=0)
+    engine = Engine(model, tok, cfg.engine.model_copy(update={"stop": []}))
+    with Sandbox(cfg.env.sandbox) as sandbox:
+        spec = from_config(cfg.env, sandbox)
+        trajs, _ = run_episodes(engine, spec, spec.sample_tasks(3, 0, False), cfg.harness,
+                                samples_per_task=2, seed=0)
+    assert len(trajs) == 6 and all(t.reason for t in trajs)
+    assert any(len(t.segments) > 1 for t in trajs), "no context was summarised"
+    frame = tok.encode("\n<|im_start|>user\n")
+    for t in trajs:
+        head = t.segments[0].prompt_ids if t.segments else []
+        for seg in t.segments:
+            assert seg.prompt_ids[: len(head)] == head  # the head is kept across summaries
+            assert len(seg.completion_ids) == len(seg.loss_mask) == len(seg.logprobs)
+        for seg in t.segments[1:]:  # a new context: head, then the summary request's user frame
+            rest = seg.prompt_ids[len(head):]
+            assert any(rest[k:k + len(frame)] == frame for k in range(len(rest)))
