@@ -39,10 +39,12 @@ def test_logits_equal_transformers(smollm2):
     ids = torch.tensor([tok.encode_chat([{"role": "user", "content": "Write f(x) = x + 3."}])])
     ours = from_pretrained(folder, dtype=torch.float32).eval()
     theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    # 2e-4: through 30 layers fp32 rounding adds up; on an AMD EPYC the largest difference over
+    # 2M logits (up to ~20 in size) was 1.3e-4 (module forward), 1.5e-4 at ONEDNN_MAX_CPU_ISA=AVX2
     with torch.no_grad():
         want = theirs(ids).logits
-        torch.testing.assert_close(ours(ids), want, atol=1e-4, rtol=0)
-        torch.testing.assert_close(ours(ids, deterministic=True), want, atol=1e-4, rtol=0)
+        torch.testing.assert_close(ours(ids), want, atol=2e-4, rtol=0)
+        torch.testing.assert_close(ours(ids, deterministic=True), want, atol=2e-4, rtol=0)
 
 
 def test_engine_logprobs_equal_the_trainers_bit_for_bit(smollm2):

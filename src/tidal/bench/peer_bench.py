@@ -18,9 +18,10 @@ funcs pass@1 (greedy: orchestrator.eval_temperature = 0, ``bench.heldout_tasks``
 what the model could already do outside funcs, the "requests" family (plain-English string and
 list tasks, ``bench.other_tasks``). Beside it: completions per minute of RL, RL steps, each
 arm's peak RSS (its main process: ``ru_maxrss`` of a fresh wrapper's children), tidal's engine
-against transformers' ``generate`` at ``bench.engine_batch`` (greedy, fixed length, the engine's
-numerics), and the fraction of trained tokens whose engine logprob equals the trainer's bit for
-bit. JSON keys ``peer.*`` are the headline figures.
+against transformers' ``generate`` at ``bench.engine_batch`` (greedy, fixed length; tidal in
+the run's numerics and dtype, generate in fp32 and in the run's dtype, the faster taken), and
+the fraction of trained tokens whose engine logprob equals the trainer's bit for bit. JSON keys
+``peer.*`` are the headline figures.
 """
 
 from __future__ import annotations
@@ -187,17 +188,20 @@ def engine_vs_generate(bench: BenchSection, cfg: TidalConfig) -> dict:
     engine.generate([GenerationRequest(prompt_ids=prompt, max_new_tokens=n, ignore_eos=True)
                      for _ in range(b)])
     tidal_tps = b * n / (time.perf_counter() - start)
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     ids = torch.tensor([prompt] * b)
-    with torch.no_grad():
-        hf.generate(ids[:1], max_new_tokens=2, do_sample=False)
-        start = time.perf_counter()
-        hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                    do_sample=False, pad_token_id=tok.pad_id)
-    hf_tps = b * n / (time.perf_counter() - start)
-    return {"tidal_tokens_per_s": tidal_tps, "generate_tokens_per_s": hf_tps,
-            "ratio": tidal_tps / hf_tps, "batch": b, "tokens": n,
-            "tidal_numerics": cfg.engine.numerics, "tidal_dtype": cfg.model.dtype}
+    generate_tps = {}
+    for dtype in dict.fromkeys(("float32", cfg.model.dtype)):  # fp32, and the run's dtype
+        hf = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
+        with torch.no_grad():
+            hf.generate(ids[:1], max_new_tokens=2, do_sample=False)
+            start = time.perf_counter()
+            hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                        min_new_tokens=n, do_sample=False, pad_token_id=tok.pad_id)
+        generate_tps[dtype] = b * n / (time.perf_counter() - start)
+    peer = max(generate_tps.values())
+    return {"tidal_tokens_per_s": tidal_tps, "generate_tokens_per_s": generate_tps,
+            "ratio": tidal_tps / peer, "ratio_against": "the faster generate dtype", "batch": b,
+            "tokens": n, "tidal_numerics": cfg.engine.numerics, "tidal_dtype": cfg.model.dtype}
 
 
 # ------------------------------------------------------------------ report
