@@ -401,7 +401,8 @@ def test_split_k_holds_where_every_whole_width_kernel_fails(monkeypatch):
     cfg = preset("tiny").model_copy(update={"num_hidden_layers": 1})
     paths = probe.choose_paths(torch.bfloat16, probe.ProbeShapes.of_model(cfg))
     assert paths.linear == "split-k" and paths.linear_path((192, 512)) == "split-k"
-    assert paths.linear_path((1024, 192)) == "native"
+    # the others keep a whole-width kernel (native, or fp32-accumulate without native bf16)
+    assert paths.linear_path((1024, 192)) in ("native", "fp32-accumulate")
     policy = build_model(cfg, seed=0)
     serving = copy.deepcopy(policy).to(torch.bfloat16)
     results = _generate_rounds(serving, [1, 3, 8], new_tokens=4)

@@ -140,9 +140,10 @@ def config_from_tree(tree: dict[str, Any], overrides: list[str] | dict | None = 
         _set_dotted(tree, key, value)
     model = tree.get("model")
     if isinstance(model, dict) and model.get("init_from"):
-        from tidal.model.sources import adopt_checkpoint
+        from tidal.model.sources import adopt_checkpoint, resolvable_now
 
-        tree["model"] = adopt_checkpoint(model)
+        if resolvable_now(str(model["init_from"])):
+            tree["model"] = adopt_checkpoint(model)
     try:
         return TidalConfig.model_validate(tree)
     except ValidationError as e:

@@ -138,6 +138,14 @@ def _converted(gguf_path: Path, cache_dir: Path | None) -> Path:
     return target
 
 
+def resolvable_now(spec: str) -> bool:
+    """Whether a config can read ``spec``'s architecture at load: an existing path, or a name
+    (a named source, or a misspelt one, which resolve_checkpoint then names). A path that does
+    not exist yet (a checkpoint a script writes after building its config) is left alone; the
+    model's load names it if it never appears."""
+    return Path(spec).expanduser().exists() or (os.sep not in spec and not Path(spec).suffix)
+
+
 ARCHITECTURE_KEYS_KEPT = ("init_from", "dtype")
 """[model] keys a recipe keeps beside a checkpoint: where it comes from and the compute dtype."""
 
