@@ -95,7 +95,7 @@ def test_a_turn_cut_before_its_end_of_turn_is_closed_by_the_harness(tok):
 def test_observation_frame_is_the_templates(tok):
     fmt = chat_format(tok)
     assert isinstance(fmt, TemplateFormat)
-    before, after = fmt.observation([])
+    before, after = fmt.frame
     assert tok.encode("\n<|im_start|>user\n") == before
     assert tok.encode("<|im_end|>\n<|im_start|>assistant\n") == after
 

@@ -50,24 +50,17 @@ def as_messages(first: str | Messages) -> Messages:
 class RawFormat:
     """The byte tokenizer's default template (see the module docstring)."""
 
-    chat = False
-
     def __init__(self, tokenizer):
         self.tok = tokenizer
         self.end_of_turn: list[int] = []
         """Ids that close a turn the model ended by a stop string (none: the text runs on)."""
+        self.frame = (tokenizer.encode(OBS_OPEN), tokenizer.encode(OBS_CLOSE))
+        """(ids before, ids after) an observation's body."""
 
     def head(self, first: str | Messages) -> list[int]:
         """The context's fixed head: the messages' text, one after another, after BOS."""
         text = "\n".join(str(m.get("content", "")) for m in as_messages(first))
         return self.tok.encode(text, add_bos=True)
-
-    def observation(self, body: list[int]) -> tuple[list[int], list[int]]:
-        """(ids before, ids after) an observation's body ids."""
-        return self.tok.encode(OBS_OPEN), self.tok.encode(OBS_CLOSE)
-
-    def text_ids(self, text: str) -> list[int]:
-        return self.tok.encode(text)
 
     def summary_request(self, opening: str) -> list[int]:
         """What the harness writes to ask for a summary: ``opening`` right after the turn."""
@@ -77,32 +70,23 @@ class RawFormat:
 class TemplateFormat:
     """A chat template's rendering (see the module docstring)."""
 
-    chat = True
-
     def __init__(self, tokenizer):
         self.tok = tokenizer
         self.end_of_turn = [tokenizer.end_of_turn_id]
-        before, after = self._observation_frame()
-        self._obs_before, self._obs_after = before, after
+        self.frame = self._observation_frame()
+        """(ids before, ids after) an observation's body: what the template writes between the
+        end-of-turn token that closed the model's turn and the message content, and from the
+        content's end to the next opened assistant turn."""
 
     def head(self, first: str | Messages) -> list[int]:
         """The messages rendered by the template, ending with the opened assistant turn."""
         return self.tok.encode_chat(as_messages(first), add_generation_prompt=True)
 
-    def observation(self, body: list[int]) -> tuple[list[int], list[int]]:
-        """(ids before, ids after) an observation's body: what the template writes between the
-        end-of-turn token that closed the model's turn and the message content, and from the
-        content's end to the next opened assistant turn."""
-        return self._obs_before, self._obs_after
-
-    def text_ids(self, text: str) -> list[int]:
-        return self.tok.encode(text)
-
     def summary_request(self, opening: str) -> list[int]:
         """A user message asking for the summary, then ``opening`` (stripped) in the assistant's
         reply, where the model goes on writing the summary."""
-        body = self.tok.encode(SUMMARY_REQUEST)
-        return self._obs_before + body + self._obs_after + self.tok.encode(opening.strip())
+        before, after = self.frame
+        return before + self.tok.encode(SUMMARY_REQUEST) + after + self.tok.encode(opening.strip())
 
     def _observation_frame(self) -> tuple[list[int], list[int]]:
         """Render a conversation with and without a marked observation after an assistant turn

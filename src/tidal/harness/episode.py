@@ -119,7 +119,7 @@ class Episode:
         self.index, self.seed, self.requests = index, seed, 0
         self.window, self.max_turn_tokens, self.no_experts = window, max_turn_tokens, no_experts
         self.format = chat_format(tokenizer)
-        self.obs_open, self.obs_close = self.format.observation([])
+        self.obs_open, self.obs_close = self.format.frame
         self.end_of_turn = self.format.end_of_turn
         self.summary_open = self.format.summary_request(SUMMARY_OPEN)
         self.summary_close = tokenizer.encode(SUMMARY_CLOSE)
@@ -237,8 +237,7 @@ class Episode:
         """What closes the open assistant turn before the harness writes a message: the chat
         template's end-of-turn token, unless the context already ends with it (the model sampled
         it); nothing for the raw format, whose turns run on."""
-        n = len(self.end_of_turn)
-        if not n or self.seg.context()[-n:] == self.end_of_turn:
+        if not self.end_of_turn or self.seg.ends_with(self.end_of_turn):
             return []
         return list(self.end_of_turn)
 

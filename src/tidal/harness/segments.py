@@ -37,6 +37,16 @@ class SegmentBuilder:
     def context(self) -> list[int]:
         return self.prompt_ids + self.completion_ids
 
+    def ends_with(self, ids: list[int]) -> bool:
+        """Whether the context's last tokens are ``ids`` (without building the context)."""
+        n = len(ids)
+        if n == 0:
+            return True
+        tail = self.completion_ids[-n:]
+        if len(tail) < n:
+            tail = self.prompt_ids[len(tail) - n:] + tail
+        return tail == ids
+
     def add_model(self, result: GenerationResult, turn: bool) -> None:
         """Append a generation (``turn``: it is a model turn, not a summary)."""
         if turn:
