@@ -265,21 +265,22 @@ def test_moe_stacked_route_for_few_tokens_equals_the_per_expert_route(monkeypatc
 # ------------------------------------------------------------------ the start-up probe
 
 
-def _break_path(monkeypatch, path: str):
-    """Make DeterministicLinear's ``path`` non-invariant: rows of calls with an odd row count get
-    one ulp added, as a kernel that changes its blocking with the row count would."""
+def _break_path(monkeypatch, path: str, odd_rows: bool = True):
+    """Make DeterministicLinear's ``path`` and its -padded form non-invariant: calls with an odd
+    row count (or, odd_rows False, a one-row call: the padded form then holds) get one ulp added,
+    as a kernel that changes its blocking with the row count would."""
     from tidal.numerics import ops, probe
 
-    honest = ops.DeterministicLinear.__call__
+    honest = ops.DeterministicLinear._product  # the kernel's call, after any padding
 
     def call(self, x):
         out = honest(self, x)
         rows = x.numel() // x.shape[-1]
-        if self.path == path and rows % 2:
+        if self.path.removesuffix("-padded") == path and (rows % 2 if odd_rows else rows == 1):
             out = torch.nextafter(out, torch.full_like(out, float("inf")))
         return out
 
-    monkeypatch.setattr(ops.DeterministicLinear, "__call__", call)
+    monkeypatch.setattr(ops.DeterministicLinear, "_product", call)
     probe.clear_cache()
     monkeypatch.setattr(probe, "_CACHE", {})
 
@@ -297,6 +298,23 @@ def test_probe_takes_the_next_path_when_an_op_fails_its_check(monkeypatch):
     policy = build_model(preset("tiny-moe").model_copy(update={"num_hidden_layers": 1}), seed=0)
     results = _generate_rounds(copy.deepcopy(policy), [1, 3], new_tokens=4)
     assert policy.fused_weights("deterministic", torch.float32).ops.paths.linear == "split-k"
+    trainer = Trainer(policy, TrainerConfig(micro_batch_size=2), temperature=0.8)
+    totals = trainer.accumulate_gradients(collate(_trajectories(results), pad_id=0, normalize_std=True))
+    assert totals.mismatch.bitwise_equal_fraction == 1.0
+
+
+def test_a_path_that_fails_at_one_row_alone_runs_padded_to_two(monkeypatch):
+    """A kernel that sums a one-row call in another order (a GEMV) and holds from two rows: the
+    probe takes its -padded form, and the engine's batch-1 decode equals the trainer's bits."""
+    from tidal.numerics import probe
+
+    _break_path(monkeypatch, "onednn", odd_rows=False)
+    paths = probe.choose_paths(torch.float32)
+    assert paths.linear == "onednn-padded"
+    rejected = paths.results[0].candidates[0]
+    assert rejected.path == "onednn" and "1 row" in rejected.failure
+    policy = build_model(preset("tiny").model_copy(update={"num_hidden_layers": 1}), seed=0)
+    results = _generate_rounds(copy.deepcopy(policy), [1, 1, 3], new_tokens=4)
     trainer = Trainer(policy, TrainerConfig(micro_batch_size=2), temperature=0.8)
     totals = trainer.accumulate_gradients(collate(_trajectories(results), pad_id=0, normalize_std=True))
     assert totals.mismatch.bitwise_equal_fraction == 1.0
@@ -353,7 +371,7 @@ def test_probe_sees_a_reassociated_bf16_sum_that_normal_inputs_hide(monkeypatch)
     result = probe._probe_linear(torch.bfloat16, shapes, (1,))
     native = result.candidates[0]
     assert native.path == "native" and not native.holds and "cancelling" in native.failure
-    assert result.path == "fp32-accumulate"
+    assert result.path == "native-padded"  # the fault is one-row calls': two rows avoid it
 
 
 def test_a_matrix_runs_the_faster_path_that_holds_at_its_own_shape(monkeypatch):
@@ -391,7 +409,7 @@ def test_split_k_holds_where_every_whole_width_kernel_fails(monkeypatch):
 
     def call(self, x):
         out = honest(self, x)
-        wide = x.shape[-1] == 512 and self.path in ("native", "fp32-accumulate")
+        wide = x.shape[-1] == 512 and self.path.removesuffix("-padded") in ("native", "fp32-accumulate")
         if wide and x.numel() // x.shape[-1] % 2:  # odd row counts take "another kernel"
             out = torch.nextafter(out, torch.full_like(out, float("inf")))
         return out
@@ -419,11 +437,28 @@ def test_split_k_linear_equals_the_plain_product_and_trains():
 
     g = torch.Generator().manual_seed(0)
     w = torch.randn(64, SPLIT_K + 100, generator=g, requires_grad=True)
-    x = torch.randn(5, SPLIT_K + 100, generator=g)
+    x = torch.randn(5, SPLIT_K + 100, generator=g, requires_grad=True)
     y = DeterministicLinear(w, "split-k")(x)
     torch.testing.assert_close(y, x @ w.T, atol=1e-4, rtol=1e-4)
     y.sum().backward()
-    torch.testing.assert_close(w.grad, x.sum(0).expand(64, -1), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(w.grad, x.sum(0).expand(64, -1).detach(), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(x.grad, w.sum(0).expand(5, -1).detach(), atol=1e-4, rtol=1e-4)
+
+
+def test_split_k_linear_in_bf16_trains_and_equals_its_no_grad_forward():
+    """bf16 with autograd (the trainer) gives the engine's bits forward and bf16 gradients."""
+    from tidal.numerics.ops import SPLIT_K, DeterministicLinear
+
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(48, 2 * SPLIT_K + 7, generator=g).bfloat16().requires_grad_()
+    x = torch.randn(2, 3, 2 * SPLIT_K + 7, generator=g).bfloat16().requires_grad_()
+    y = DeterministicLinear(w, "split-k")(x)
+    with torch.no_grad():
+        engine = DeterministicLinear(w.detach(), "split-k")(x.detach())
+    assert y.dtype == torch.bfloat16 and torch.equal(y.detach(), engine)
+    y.float().sum().backward()
+    assert w.grad.dtype == torch.bfloat16 and x.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(w.grad.float(), x.detach().float().sum((0, 1)).expand(48, -1), atol=0.5, rtol=2e-2)
 
 
 def test_no_path_that_holds_refuses_to_run_deterministic(monkeypatch):

@@ -93,7 +93,10 @@ class FusedWeights:
         with torch.set_grad_enabled(trainable and torch.is_grad_enabled()):
             self.embed = self._cast(backbone.embed_tokens.weight)
             self.norm = self._norm_weight(backbone.norm.weight)
-            self.lm_head = self._linear(model.lm_head.weight, norm=backbone.norm.weight)
+            tied = model.lm_head.weight is backbone.embed_tokens.weight and not self.folded
+            # tied and unfolded: the embedding's one cast is the head's too (one copy, not two)
+            self.lm_head = (self.ops.prepare(self.embed) if tied else
+                            self._linear(model.lm_head.weight, norm=backbone.norm.weight))
             self.layers = [self._layer(layer) for layer in backbone.layers]
 
     def _cast(self, t: torch.Tensor) -> torch.Tensor:

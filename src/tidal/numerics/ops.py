@@ -72,19 +72,21 @@ class _PackedLinearFunction(torch.autograd.Function):
 
 
 LINEAR_PATHS: dict[torch.dtype, tuple[str, ...]] = {
-    torch.float32: ("onednn", "split-k", "reduce"),
-    torch.bfloat16: ("native", "fp32-accumulate", "split-k", "reduce"),
+    torch.float32: ("onednn", "onednn-padded", "split-k", "reduce"),
+    torch.bfloat16: ("native", "native-padded", "fp32-accumulate", "split-k", "reduce"),
 }
 """Candidate paths of ``DeterministicLinear`` per dtype, fastest first; probe.py picks the first
 that is batch-invariant here. onednn: oneDNN's linear on a weight packed once (fp32). native:
-``F.linear`` in the dtype. fp32-accumulate: the bf16 operands upcast to fp32 (exact: a bf16 value
+``F.linear`` in the dtype. -padded: the same kernel with a one-row call made two rows (a zero row
+added, its output dropped): one row alone takes another kernel (a GEMV) that can sum in another
+order than the GEMM of two rows or more (on an AMD EPYC with native bf16, bf16 ``F.linear`` and
+oneDNN's fp32 linear both held at SmolLM2's 1536-wide down projection from 2 rows up and not at 1
+row); it costs one row at batch-1 decode only. fp32-accumulate: the bf16 operands upcast to fp32 (exact: a bf16 value
 is an fp32 value, and so is the product of two), oneDNN's packed fp32 linear, one rounding to
 bf16 at the end; on a CPU without native bf16 it is also ~4x faster than bf16 ``F.linear``.
 split-k: the input width cut into blocks of SPLIT_K columns, each block's product a packed fp32
 oneDNN linear (bf16 operands upcast exactly), the blocks' outputs added in order, one rounding at
-the end: the invariance of the kernel at width SPLIT_K carried to any width (on an AMD EPYC with
-native bf16, bf16 ``F.linear`` and the fp32 kernel both hold at width 576 and both fail at
-SmolLM2's 1536-wide down projection, where one row alone takes another kernel).
+the end: the invariance of the kernel at width SPLIT_K carried to any width.
 reduce: no GEMM at all: each output is the elementwise product of its row and the weight's row,
 summed by ATen's row reduction (``sum(-1)``) in fp32, whose order depends only on the input width
 (a one-row GEMM call is no way out: MKL's fp32 GEMV changes with the thread count); ~10-50x slower
@@ -93,14 +95,6 @@ SPLIT_K = 512
 """Input columns per block of the split-k linear path."""
 REDUCE_CHUNK_ELEMENTS = 1 << 22
 """The reduce path's temporary [rows, out, in] product is made this many elements at a time."""
-
-
-def _packed_linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
-    """x @ weight.T in fp32 on oneDNN's packed weight (``packed``, or packed now with autograd)."""
-    if packed is not None:
-        return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-    weight = weight.float()
-    return _PackedLinearFunction.apply(x, weight, pack_for_onednn(weight))
 
 
 class DeterministicLinear:
@@ -114,12 +108,13 @@ class DeterministicLinear:
     def __init__(self, weight: torch.Tensor, path: str | None = None):
         self.weight = weight
         self.path = path or LINEAR_PATHS.get(weight.dtype, ("native",))[0]
-        self.wide = weight.dtype != torch.float32 and self.path != "native"
+        self.wide = weight.dtype != torch.float32 and self.path not in ("native", "native-padded")
         """The path computes in fp32 and rounds once at the end."""
-        if self.path in ("onednn", "fp32-accumulate", "split-k") and not onednn_usable(weight.float()):
+        if (self.path in ("onednn", "onednn-padded", "fp32-accumulate", "split-k")
+                and not onednn_usable(weight.float())):
             raise ValueError(f"linear path {self.path!r} needs oneDNN on the CPU")
         self.packed = None
-        if self.path in ("onednn", "fp32-accumulate") and not weight.requires_grad:
+        if self.path in ("onednn", "onednn-padded", "fp32-accumulate") and not weight.requires_grad:
             self.packed = pack_for_onednn(weight.float())
         self.blocks: list[tuple[int, int, torch.Tensor | None]] = []
         """split-k: (first column, end column, packed block or None when built per call)."""
@@ -130,7 +125,13 @@ class DeterministicLinear:
                            for a in range(0, width, SPLIT_K)]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        path = self.path
+        if self.path.endswith("-padded") and x.numel() == x.shape[-1]:
+            two = self._product(F.pad(x.reshape(1, -1), (0, 0, 0, 1)))
+            return two[:1].view(*x.shape[:-1], two.shape[-1])
+        return self._product(x)
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
+        path = self.path.removesuffix("-padded")
         if path == "native":
             return F.linear(x, self.weight)
         wx = x.float() if self.wide else x
@@ -143,16 +144,50 @@ class DeterministicLinear:
             out = torch.cat(pieces) if pieces else rows.new_zeros(0, weight.shape[0])
             out = out.view(*x.shape[:-1], weight.shape[0])
         elif path == "split-k":
-            out = None
-            for a, b, packed in self.blocks:
-                part = _packed_linear(wx[..., a:b].contiguous(), self.weight[:, a:b], packed)
-                out = part if out is None else out + part
+            if self.weight.requires_grad and torch.is_grad_enabled():
+                return _SplitKLinearFunction.apply(x, self.weight, self.blocks)
+            out = split_k_linear(wx, self.weight, self.blocks)
         elif self.packed is not None:
             out = torch.ops.mkldnn._linear_pointwise(wx, self.packed, None, "none", [], "")
         else:
             weight = self.weight.float() if self.wide else self.weight
             out = _PackedLinearFunction.apply(wx, weight, pack_for_onednn(weight))
         return out.to(x.dtype) if self.wide else out
+
+
+def split_k_linear(wx: torch.Tensor, weight: torch.Tensor, blocks) -> torch.Tensor:
+    """The split-k path's fp32 product: wx (fp32) @ weight.T as packed oneDNN linears over
+    ``blocks`` of input columns (packed once, or packed now where None), added in order."""
+    out = None
+    for a, b, packed in blocks:
+        if packed is None:
+            packed = pack_for_onednn(weight[:, a:b].detach().float().contiguous())
+        part = torch.ops.mkldnn._linear_pointwise(wx[..., a:b].contiguous(), packed, None, "none", [], "")
+        out = part if out is None else out + part
+    return out
+
+
+class _SplitKLinearFunction(torch.autograd.Function):
+    """The split-k linear with a backward of one matmul per input over the whole width in the
+    weight's dtype: only the forward's bits must match the engine's, and a per-block fp32
+    backward cost ~3x as much (measured: ~1.5 s of a 12 s SmolLM2 trainer step)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, blocks):
+        ctx.save_for_backward(x, weight)
+        out = split_k_linear(x.float(), weight, blocks)
+        return out.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad = grad.to(weight.dtype)
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad.matmul(weight).to(x.dtype)
+        if ctx.needs_input_grad[1]:
+            grad_w = grad.reshape(-1, grad.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]).to(weight.dtype))
+        return grad_x, grad_w, None
 
 
 def fold_norm_weight(matrix: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
