@@ -38,6 +38,7 @@ ENVIRONMENTS: dict[str, str] = {
     "hackable": "tidal.envs.hackable",  # the integrity demonstration (issue 13)
     "pyrepo": "tidal.envs.pyrepo",
     "requests": "tidal.envs.requests",  # plain-English string/list requests (retention check)
+    "harness": "tidal.gateway",  # an outside OpenAI-API harness runs each episode (issue 31)
 }
 """Built-in environments: name -> module exposing load_environment."""
 

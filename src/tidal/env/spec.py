@@ -40,6 +40,9 @@ class EnvironmentSpec:
         ``Trajectory.solved``; every pass rate (held-out pass@1, a step's pass_rate, by level)
         counts it. Default: reward >= 1.0; override when the reward carries bonus or partial
         terms.
+    external: an outside program runs each episode (``tidal.gateway``: its GatewayConfig): the
+        harness runner serves it an OpenAI-compatible endpoint and ``make``'s environment only
+        grades its answer. None = tidal's own multi-turn loop drives ``make``'s environment.
     make_canary: ``(task, rng) -> task``: an impossible version of ``task`` (its visible tests
         contradict its specification, so any pass is cheating by construction), with
         ``canary = True`` and an id starting ``canary-``; what integrity checking mixes into
@@ -53,3 +56,4 @@ class EnvironmentSpec:
     corpus_version: int = 0
     success: Callable[[float, dict[str, Any]], bool] = reward_reaches_one
     make_canary: Callable[[Any, random.Random], Any] | None = None
+    external: Any = None

@@ -10,6 +10,7 @@ an EngineClient, so their turns batch together in the engine's continuous batchi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,18 +62,31 @@ async def run_episodes_async(engine, spec, tasks, cfg, samples_per_task=1, group
     engine_client = EngineClient(engine, before_step) if client is None else None
     limit = asyncio.Semaphore(cfg.max_concurrent_episodes or len(tasks) * samples_per_task or 1)
 
+    gateway = None
+    if spec.external is not None:  # an outside harness runs each episode (tidal.gateway)
+        from tidal.gateway.server import Gateway
+
+        gateway = Gateway(client or engine_client, engine.tokenizer, engine.cfg, spec.external,
+                          window, no_experts)
+
     async def one(index: int, task) -> EpisodeResult:
         group, sample = group_ids[index // samples_per_task], index % samples_per_task
         episode_seed = None if seed is None else derive_seed(seed, group, sample)
         async with limit:
-            episode = Episode(spec.make(), client or engine_client, engine.tokenizer, cfg, window,
-                              max_turn, no_experts, index, episode_seed)
+            if gateway is not None:
+                from tidal.gateway.episode import HarnessEpisode
+
+                episode = HarnessEpisode(spec.make(), gateway, spec.external, index, episode_seed)
+            else:
+                episode = Episode(spec.make(), client or engine_client, engine.tokenizer, cfg,
+                                  window, max_turn, no_experts, index, episode_seed)
             return await episode.run(task)
 
     start = time.perf_counter()
-    episodes = asyncio.gather(*(one(i * samples_per_task + j, t) for i, t in enumerate(tasks)
-                                for j in range(samples_per_task)))
-    results = await _run_with_driver(engine_client, episodes)
+    async with gateway or contextlib.nullcontext():
+        episodes = asyncio.gather(*(one(i * samples_per_task + j, t) for i, t in enumerate(tasks)
+                                    for j in range(samples_per_task)))
+        results = await _run_with_driver(engine_client, episodes)
     wall = time.perf_counter() - start
     trajs = [to_trajectory(tasks[i // samples_per_task], group_ids[i // samples_per_task], r,
                            spec.success) for i, r in enumerate(results)]

@@ -1,0 +1,51 @@
+"""Settings of the rollout gateway's environment (``env.args`` when ``env.name = "harness"``)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from tidal.section import Section
+
+
+class GatewayConfig(Section):
+    command: str
+    """The harness: a command line (split like a shell, no shell features) run once per episode
+    in a fresh workspace folder, with OPENAI_BASE_URL, OPENAI_API_KEY (that episode's key) and
+    TIDAL_TASK_FILE set and the task as JSON on stdin. Required."""
+    tasks: str = "funcs"
+    """The environment family whose tasks the harness is given and whose environment grades the
+    answer (env.args of it: ``task_args``)."""
+    task_args: dict[str, Any] = Field(default_factory=dict)
+    """That family's env.args (e.g. {"prompt_style": "instruct"})."""
+    reward: Literal["grade", "harness"] = "grade"
+    """grade: the family's environment grades the answer the harness posts to /v1/tidal/answer
+    (or leaves in answer.txt in its workspace); harness: the harness posts its own reward to
+    /v1/tidal/reward."""
+    timeout_s: float = Field(120.0, gt=0)
+    """Wall time of one episode; past it the harness's process group is killed (reason
+    "timeout")."""
+    max_turns: int = Field(8, ge=1)
+    """Chat requests per episode; one more ends the episode (reason "turn_budget")."""
+    max_tokens: int = Field(2048, ge=1)
+    """Tokens the model may generate over the episode; a request with none left ends it
+    (reason "token_budget")."""
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    """Largest request body the gateway reads (a 413 past it)."""
+    startup_grace_s: float = Field(0.0, ge=0)
+    """Extra seconds added to timeout_s for the harness's interpreter to start."""
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: str) -> str:
+        import shlex
+
+        try:
+            argv = shlex.split(value)
+        except ValueError as e:
+            raise ValueError(f"cannot split {value!r} into arguments: {e}") from None
+        if not argv:
+            raise ValueError("is empty: give the harness's command line, e.g. "
+                             "'python examples/harness_agent.py'")
+        return value

@@ -1,0 +1,169 @@
+"""One episode run by an outside harness: its process, its budgets, its reward.
+
+    task = the family's environment.reset(task)     (the prompt, as chat messages)
+    start `command` in a fresh workspace with OPENAI_BASE_URL, OPENAI_API_KEY (this episode's
+        key), TIDAL_TASK_FILE; the task JSON on stdin
+    wait until the harness exits, answers, posts its reward, breaks a budget or runs out of time
+    stop its whole process group; grade: the family's environment.step(answer), or the posted
+        reward; the reason is recorded either way
+    the trajectory: the gateway's segments (history.py), trained exactly as sampled
+
+A harness that hangs, crashes, floods requests or exceeds a budget ends its own episode with a
+recorded reason (timeout, crashed, turn_budget, token_budget, context, no_answer) and nothing
+else: the other episodes and the run go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tidal.env.base import StepResult
+from tidal.gateway.config import GatewayConfig
+from tidal.gateway.server import Channel, Gateway
+from tidal.harness.chat_format import as_messages
+from tidal.harness.episode import EpisodeResult, check_integrity
+
+log = logging.getLogger(__name__)
+
+ANSWER_FILE = "answer.txt"
+"""A harness may leave its answer in this file of its workspace instead of posting it."""
+LOG_FILE = ".tidal-harness.log"
+"""The harness's stdout and stderr, in its workspace (its tail is logged when it crashes)."""
+STOP_GRACE_S = 2.0
+"""Seconds between SIGTERM and SIGKILL when the harness is stopped."""
+
+
+def harness_argv(command: str) -> list[str]:
+    """The command's arguments; ``{python}`` stands for this interpreter (tidal's venv)."""
+    return [sys.executable if a == "{python}" else a for a in shlex.split(command)]
+
+
+class HarnessEpisode:
+    """Runs ``env`` (the task family's environment, which grades) on one task through an outside
+    harness served by ``gateway``."""
+
+    def __init__(self, env, gateway: Gateway, cfg: GatewayConfig, index: int, seed: int | None):
+        self.env, self.gateway, self.cfg, self.index, self.seed = env, gateway, cfg, index, seed
+
+    async def run(self, task: Any) -> EpisodeResult:
+        workspace = Path(tempfile.mkdtemp(prefix="tidal-harness-"))
+        channel = self.gateway.open(self.index, self.seed)
+        try:
+            messages = as_messages(await self.env.reset(task))
+            exit_code = await self._run_harness(task, messages, channel, workspace)
+            final = await self._grade(channel, exit_code, workspace)
+            result = self._result(channel, final)
+            result.integrity = await asyncio.to_thread(check_integrity, self.env)
+            return result
+        finally:
+            self.gateway.close(channel)
+            await self.env.close()
+            shutil.rmtree(workspace, ignore_errors=True)
+
+    # ------------------------------------------------------------------ the process
+
+    async def _run_harness(self, task, messages, channel: Channel, workspace: Path) -> int | None:
+        """Run the harness until it exits or the episode ends; its exit code, or None if it was
+        stopped (channel.ended says why; "timeout" is set here)."""
+        payload = json.dumps({"task_id": task.task_id, "messages": messages,
+                              "prompt": messages[-1].get("content", "")})
+        (workspace / "task.json").write_text(payload)
+        env = {**os.environ, "OPENAI_BASE_URL": self.gateway.base_url,
+               "OPENAI_API_KEY": channel.key, "TIDAL_TASK_FILE": str(workspace / "task.json"),
+               "TIDAL_ANSWER_FILE": str(workspace / ANSWER_FILE)}
+        with open(workspace / LOG_FILE, "wb") as out:
+            proc = await asyncio.create_subprocess_exec(
+                *harness_argv(self.cfg.command), cwd=workspace, env=env,
+                stdin=asyncio.subprocess.PIPE, stdout=out, stderr=out, start_new_session=True)
+        try:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                proc.stdin.write(payload.encode())
+                await proc.stdin.drain()
+                proc.stdin.close()
+            exited = asyncio.ensure_future(proc.wait())
+            ended = asyncio.ensure_future(channel.done.wait())
+            done, _ = await asyncio.wait({exited, ended}, return_when=asyncio.FIRST_COMPLETED,
+                                         timeout=self.cfg.timeout_s + self.cfg.startup_grace_s)
+            ended.cancel()
+            if exited in done:
+                return proc.returncode
+            if not done:
+                channel.end("timeout")
+            return None
+        finally:
+            await _stop(proc)
+
+    # ------------------------------------------------------------------ the reward
+
+    async def _grade(self, channel: Channel, exit_code: int | None, workspace: Path) -> StepResult:
+        """The episode's final step: graded answer, posted reward, or an ending with no reward."""
+        if channel.ended in ("turn_budget", "token_budget", "context", "timeout"):
+            return await self.env.end(channel.ended)
+        if self.cfg.reward == "harness":
+            if channel.reward is None:
+                return StepResult("", 0.0, True, {"reason": self._no_result(exit_code, workspace)})
+            reward, reason = channel.reward
+            return StepResult("", reward, True, {"reason": reason})
+        answer = channel.answer
+        answer_file = workspace / ANSWER_FILE
+        if answer is None and answer_file.is_file():
+            answer = answer_file.read_text(errors="replace")
+        if answer is None:
+            return await self.env.end(self._no_result(exit_code, workspace))
+        step = await self.env.step(answer)
+        if not step.done:  # a multi-step family: the answer is its last word
+            ended = await self.env.end("answered")
+            step = StepResult("", step.reward + ended.reward, True, {**step.info, **ended.info})
+        return step
+
+    def _no_result(self, exit_code: int | None, workspace: Path) -> str:
+        """Why a harness left neither answer nor reward: it crashed, or exited without one."""
+        if exit_code:
+            tail = (workspace / LOG_FILE).read_text(errors="replace")[-2000:]
+            log.warning("harness %r exited with code %s without an answer; its output ends:\n%s",
+                        self.cfg.command, exit_code, tail)
+            return "crashed"
+        return "no_answer"
+
+    def _result(self, channel: Channel, final: StepResult) -> EpisodeResult:
+        history = channel.history
+        segments = [s.to_segment() for s in history.segments]
+        info = dict(final.info)
+        info.update(gateway_turns=channel.turns, gateway_history_matched=history.matched,
+                    gateway_new_segments=history.new_segments,
+                    gateway_malformed_calls=channel.malformed_calls)
+        if channel.overhead_ms:
+            info["gateway_overhead_ms"] = sum(channel.overhead_ms) / len(channel.overhead_ms)
+        env_tokens = sum(len(s.completion_ids) - sum(s.loss_mask) for s in segments)
+        reason = str(info.get("reason", channel.ended or "done"))
+        info["reason"] = reason
+        return EpisodeResult(segments, final.reward, reason, info, turns=channel.turns,
+                             model_tokens=channel.model_tokens, env_tokens=env_tokens,
+                             head_tokens=len(segments[0].prompt_ids) if segments else 0,
+                             window=self.gateway.window)
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    """Stop the harness's whole process group (SIGTERM, then SIGKILL after STOP_GRACE_S)."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
+        except TimeoutError:
+            pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # children it left behind, too
+    if proc.returncode is None:
+        await proc.wait()

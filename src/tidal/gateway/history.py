@@ -1,0 +1,185 @@
+"""Token-exact trajectories from an outside harness's chat requests.
+
+A harness sends the whole conversation with every request. Re-tokenising it would rebuild the
+model's earlier replies from their text (and from the harness's re-serialised tool calls), which
+on a BPE tokenizer gives other ids than the engine sampled, so the trainer would train on tokens
+the policy never produced (the "retokenization drift" peers report). Instead each request is
+matched against what this episode already served:
+
+    request messages M, tools T
+    served turn t: (messages before, tools, context ids, the reply message it returned, ids sampled)
+    M extends t  <=>  T == t.tools, M starts with t.messages, and the next message is t.reply
+    then ids = t's context + the sampled ids + the template's tokens for M's new messages
+
+The new messages' tokens are the difference of two renderings by the chat template (the
+conversation through the reply, and all of M with the generation prompt), so every token is
+the template's, never a re-encoding of sampled text. A request that extends the newest context
+of a segment continues that segment (``matched``); any other (the harness edited, dropped or
+reordered history, changed its tools, or the template re-renders earlier turns) opens a new
+segment from the full rendering (``new_segment``), as self-summarization does. Both are counted.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from tidal.harness.segments import SegmentBuilder
+
+MARK = "\x00TIDAL-REPLY\x00"
+"""Stands in for an assistant reply's content when finding what a template writes after it."""
+
+
+def normal_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A chat message reduced to what the template renders, for comparing a request's history
+    with what was served: content as one string ("" for none), tool calls as (id, name, parsed
+    arguments), OpenAI's echo-only fields (refusal, annotations, audio) dropped."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    out: dict[str, Any] = {"role": message.get("role"), "content": content or ""}
+    calls = message.get("tool_calls") or []
+    if calls:
+        out["tool_calls"] = [(c.get("id"), c.get("function", {}).get("name"),
+                              _arguments(c.get("function", {}).get("arguments")))
+                             for c in calls]
+    for key in ("tool_call_id", "name"):
+        if message.get(key):
+            out[key] = message[key]
+    return out
+
+
+def _arguments(value: Any) -> Any:
+    """Arguments as a value: a JSON string parsed (key order and spacing do not matter)."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as chat templates take them (transformers' and vLLM's convention): tool call
+    arguments as objects, not JSON strings; null content as ""."""
+    out = []
+    for m in messages:
+        m = {k: v for k, v in m.items() if v is not None}
+        m.setdefault("content", "")
+        if m.get("tool_calls"):
+            m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": _arguments(
+                c["function"].get("arguments"))}} for c in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
+@dataclass
+class ServedTurn:
+    messages: list[dict[str, Any]]
+    """The request's messages, normalised (normal_message)."""
+    tools: Any
+    context: list[int]
+    """The prompt ids the engine was given."""
+    reply: dict[str, Any]
+    """The assistant message returned, normalised."""
+    sampled: list[int]
+    """The ids the engine sampled for it."""
+    segment: int
+
+
+@dataclass
+class Placement:
+    """Where a request's prompt goes: the prompt ids, and the segment they extend or open."""
+
+    prompt_ids: list[int]
+    segment: int
+    """Index into History.segments."""
+    tail: list[int]
+    """Ids the template adds after the previous context (matched), or the whole prompt."""
+    matched: bool
+
+
+class History:
+    """One episode's served turns and segments (see the module docstring).
+
+    render(messages, tools, add_generation_prompt) -> text is the chat template; encode(text,
+    whole) -> ids encodes template text (special tokens to their ids; ``whole``: a prompt from
+    its start, with what a prompt begins with); ``end_of_turn`` is the token a reply ends with
+    and its text in the template ("" where it has none)."""
+
+    def __init__(self, render, encode, end_of_turn_id: int | None, end_of_turn_text: str,
+                 no_experts=None):
+        self.render, self.encode = render, encode
+        self.eot_id, self.eot_text = end_of_turn_id, end_of_turn_text
+        self.no_experts = no_experts
+        self.turns: list[ServedTurn] = []
+        self.segments: list[SegmentBuilder] = []
+        self.matched = 0
+        self.new_segments = 0
+
+    def place(self, messages: list[dict[str, Any]], tools: Any) -> Placement:
+        """The prompt for a request (without recording it: ``record`` does, after generation)."""
+        norm = [normal_message(m) for m in messages]
+        for turn in reversed(self.turns):
+            tail = self._extension(turn, messages, norm, tools)
+            if tail is None:
+                continue
+            seg = self.segments[turn.segment]
+            if seg.context() == turn.context + turn.sampled:  # the newest context of its segment
+                return Placement(turn.context + turn.sampled + tail, turn.segment, tail, True)
+            break  # a branch from an older turn: a new segment
+        ids = self.encode(self.render(template_messages(messages), tools, True), True)
+        return Placement(ids, len(self.segments), ids, False)
+
+    def record(self, placement: Placement, messages, tools, result, reply: dict[str, Any]) -> None:
+        """Add a served turn: extend its segment by the template's tail and the sampled ids, or
+        open the new segment."""
+        if placement.matched:
+            seg = self.segments[placement.segment]
+            seg.add_env(placement.tail)
+            self.matched += 1
+        else:
+            seg = SegmentBuilder(placement.prompt_ids, self.no_experts)
+            self.segments.append(seg)
+            self.new_segments += 1
+        seg.add_model(result, turn=True)
+        self.turns.append(ServedTurn([normal_message(m) for m in messages], tools,
+                                     placement.prompt_ids, normal_message(reply),
+                                     list(result.token_ids), placement.segment))
+
+    def _extension(self, turn: ServedTurn, messages, norm, tools) -> list[int] | None:
+        """The template's ids after ``turn``'s sampled reply up to M's generation prompt, or None
+        when M does not extend ``turn``."""
+        k = len(turn.messages)
+        if tools != turn.tools or len(norm) <= k + 1 or norm[:k] != turn.messages:
+            return None
+        if norm[k] != turn.reply:
+            return None
+        through = self.render(template_messages(messages[: k + 1]), tools, False)
+        full = self.render(template_messages(messages), tools, True)
+        if not full.startswith(through):
+            return None  # the template renders earlier turns differently once more follow
+        closing = self._closing(messages[: k + 1], tools, through, turn)
+        if closing is None:
+            return None
+        return self.encode(closing + full[len(through):], False)
+
+    def _closing(self, through_messages, tools, through: str, turn: ServedTurn) -> str | None:
+        """What the template writes after the reply's sampled part: its turn closing (e.g.
+        "<|im_end|>\\n"), less the end-of-turn token when the model sampled it."""
+        after = self._after_reply(through_messages, tools)
+        if after is None or not through.endswith(after):
+            return None
+        ended = bool(turn.sampled) and turn.sampled[-1] == self.eot_id
+        if ended and self.eot_text and after.startswith(self.eot_text):
+            return after[len(self.eot_text):]
+        return after
+
+    def _after_reply(self, through_messages, tools) -> str | None:
+        """The text the template writes after an assistant message's content (a marked render)."""
+        marked = template_messages(through_messages[:-1]) + [{"role": "assistant", "content": MARK}]
+        text = self.render(marked, tools, False)
+        if MARK not in text:
+            return None
+        return text[text.rindex(MARK) + len(MARK):]

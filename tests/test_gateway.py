@@ -1,0 +1,214 @@
+"""The rollout gateway (tidal.gateway): an outside harness, written with the openai client and
+run as its own process, is served by the rollout's engine; its trajectory is built from the ids
+the engine sampled and the chat template's ids for what the harness added (never re-tokenised),
+its answer graded by the task family, and a harness that crashes, hangs or floods ends only its
+own episode, with the reason recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tidal.engine.request import GenerationResult
+from tidal.env.registry import load_environment
+from tidal.gateway.history import History
+from tidal.gateway.render import Renderer
+from tidal.harness import HarnessConfig, run_episodes
+from tidal.model.tokenizer import HFTokenizer
+
+from chat_tokenizer import chatml_config, tiny_tokenizer
+
+HARNESS = Path(__file__).parent / "data" / "harness_scripted.py"
+ANSWER = "```python\ndef f(x):\n    return x + 3\n```"
+
+
+@pytest.fixture
+def tok(tmp_path) -> HFTokenizer:
+    return HFTokenizer(tiny_tokenizer(tmp_path / "tok", chatml_config()))
+
+
+def _non_canonical(tok, text: str) -> list[int]:
+    """One id per character: ids a model may sample that BPE would merge when re-encoding."""
+    ids = [i for ch in text for i in tok.encode(ch)]
+    assert ids != tok.encode(text)
+    return ids
+
+
+class Sampler:
+    """A policy that 'samples' the answer, one id per character, then the end of turn."""
+
+    def __init__(self, tok, text: str = ANSWER):
+        self.ids = _non_canonical(tok, text) + [tok.end_of_turn_id]
+        self.requests = []
+
+    async def generate(self, request) -> GenerationResult:
+        self.requests.append(request)
+        ids = self.ids[: request.max_new_tokens]
+        finish = "eos" if ids[-1] == self.ids[-1] else "length"
+        return GenerationResult(len(self.requests), list(request.prompt_ids), ids,
+                                [-0.5] * len(ids), [7] * len(ids), None, finish, "", request.tag)
+
+
+def _engine(tok, max_seq_len: int = 1024):
+    return SimpleNamespace(tokenizer=tok, is_moe=False, cfg=SimpleNamespace(
+        max_seq_len=max_seq_len, max_new_tokens=64))
+
+
+def _spec(sandbox, mode: str, **args):
+    return load_environment("harness", sandbox=sandbox, command=f"{sys.executable} {HARNESS} {mode}",
+                            tasks="funcs", task_args={"prompt_style": "instruct"}, **args)
+
+
+def _run(tok, mode: str, samples: int = 2, **args):
+    from tidal.sandbox import Sandbox
+    from tidal.config import load_config
+
+    with Sandbox(load_config(None, []).env.sandbox) as sandbox:
+        spec = _spec(sandbox, mode, **args)
+        client = Sampler(tok)
+        tasks = spec.sample_tasks(1, 0, False)
+        trajs, _ = run_episodes(_engine(tok), spec, tasks, HarnessConfig(), samples_per_task=samples,
+                                client=client, seed=0)
+    return trajs, client
+
+
+# ------------------------------------------------------------------ history (no process)
+
+
+def _history(tok) -> History:
+    r = Renderer(tok)
+    return History(r.render, r.encode, tok.end_of_turn_id, r.end_of_turn_text)
+
+
+def _result(ids):
+    return GenerationResult(0, [], ids, [-1.0] * len(ids), [3] * len(ids), None, "eos", "", None)
+
+
+def test_a_harness_that_sends_back_what_it_got_extends_one_segment_with_the_sampled_ids(tok):
+    history = _history(tok)
+    first = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2+2?"}]
+    place = history.place(first, None)
+    assert place.prompt_ids == tok.encode_chat(first) and not place.matched
+    sampled = _non_canonical(tok, "Let me compute it. 4") + [tok.end_of_turn_id]
+    reply = {"role": "assistant", "content": tok.decode(sampled)}
+    history.record(place, first, None, _result(sampled), reply)
+    second = first + [reply, {"role": "user", "content": "You are terse?"}]
+    place2 = history.place(second, None)
+    assert place2.matched and place2.segment == 0
+    assert place2.prompt_ids[: len(place.prompt_ids) + len(sampled)] == place.prompt_ids + sampled
+    # the template's own ids for what the harness added: its rendering after the reply
+    through = tok.render_chat(second[:3], add_generation_prompt=False)
+    assert place2.tail == tok.encode(through[len(tok.render_chat(first)) + len(reply["content"]) + len("<|im_end|>"):]
+                                     + tok.render_chat(second)[len(through):])
+    history.record(place2, second, None, _result([5, tok.end_of_turn_id]), {"role": "assistant", "content": tok.decode([5])})
+    seg = history.segments[0].to_segment()
+    assert len(history.segments) == 1 and history.matched == 1 and history.new_segments == 1
+    assert seg.completion_ids[: len(sampled)] == sampled
+    assert seg.loss_mask == [1] * len(sampled) + [0] * len(place2.tail) + [1, 1]
+    # decoding the whole segment gives the conversation as the template renders it
+    assert tok.decode(seg.prompt_ids + seg.completion_ids) == tok.decode(tok.encode_chat(
+        second + [{"role": "assistant", "content": tok.decode([5])}], add_generation_prompt=False)).rstrip("\n")
+
+
+def test_edited_history_opens_a_new_segment(tok):
+    history = _history(tok)
+    first = [{"role": "user", "content": "What is 2+2?"}]
+    place = history.place(first, None)
+    history.record(place, first, None, _result([5, 6, tok.end_of_turn_id]), {"role": "assistant", "content": "x"})
+    edited = first + [{"role": "assistant", "content": "y"}, {"role": "user", "content": "and?"}]
+    place2 = history.place(edited, None)
+    assert not place2.matched and place2.segment == 1 and place2.prompt_ids == tok.encode_chat(edited)
+
+
+def test_a_reply_cut_by_its_token_limit_is_closed_by_the_template(tok):
+    history = _history(tok)
+    first = [{"role": "user", "content": "What is 2+2?"}]
+    place = history.place(first, None)
+    history.record(place, first, None, _result([5, 6]), {"role": "assistant", "content": tok.decode([5, 6])})
+    second = first + [{"role": "assistant", "content": tok.decode([5, 6])}, {"role": "user", "content": "go on"}]
+    place2 = history.place(second, None)
+    assert place2.matched and place2.tail[0] == tok.end_of_turn_id
+
+
+def test_tool_call_arguments_compare_as_values_not_as_text():
+    from tidal.gateway.history import normal_message
+
+    a = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1, "b": 2}'}}]}
+    b = {"role": "assistant", "content": "", "refusal": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"b":2,"a":1}'}}]}
+    assert normal_message(a) == normal_message(b)
+
+
+# ------------------------------------------------------------------ whole episodes
+
+
+def test_harness_episodes_are_graded_and_keep_the_sampled_ids(tok):
+    trajs, client = _run(tok, "answer")
+    assert len(trajs) == 2 and len(client.requests) == 4
+    for t in trajs:
+        assert t.reason == "wrong_answer" and t.info["total"] > 0  # graded by funcs' grader
+        assert t.info["gateway_turns"] == 2 and t.info["gateway_history_matched"] == 1
+        assert len(t.segments) == 1
+        seg = t.segments[0]
+        model = [i for i, m in zip(seg.completion_ids, seg.loss_mask) if m]
+        assert model == client.ids * 2  # both turns, exactly as sampled
+    assert trajs[0].segments[0].prompt_ids == trajs[1].segments[0].prompt_ids
+    assert all(r.temperature is None for r in client.requests)  # the run's own temperature
+
+
+def test_an_answer_left_in_the_workspace_is_graded_too(tok):
+    trajs, _ = _run(tok, "file", samples=1)
+    assert trajs[0].reason not in ("no_answer", "crashed"), trajs[0].reason
+
+
+def test_the_harness_may_post_its_own_reward_streaming(tok):
+    trajs, client = _run(tok, "reward", samples=1, reward="harness")
+    assert trajs[0].reward == 0.25 and trajs[0].reason.startswith("scored ")
+
+
+def test_edited_history_is_counted_and_trained_as_two_segments(tok):
+    trajs, client = _run(tok, "edit", samples=1)
+    t = trajs[0]
+    assert t.info["gateway_history_matched"] == 0 and t.info["gateway_new_segments"] == 2
+    assert len(t.segments) == 2
+
+
+@pytest.mark.parametrize("mode,reason", [("crash", "crashed"), ("hang", "timeout"),
+                                         ("flood", "turn_budget")])
+def test_a_misbehaving_harness_ends_its_own_episode_with_a_reason(tok, mode, reason):
+    trajs, _ = _run(tok, mode, samples=1, timeout_s=3.0, max_turns=3)
+    assert trajs[0].reason == reason and trajs[0].reward == 0.0
+
+
+def test_a_key_works_only_while_its_episode_runs(tok):
+    from tidal.gateway.config import GatewayConfig
+    from tidal.gateway.server import Gateway
+
+    async def main():
+        cfg = GatewayConfig(command="true")
+        async with Gateway(Sampler(tok), tok, _engine(tok).cfg, cfg, 1024) as gateway:
+            channel = gateway.open(0, None)
+            ok = await asyncio.to_thread(_get, gateway.base_url + "/models", channel.key)
+            wrong = await asyncio.to_thread(_get, gateway.base_url + "/models", "not-a-key")
+            gateway.close(channel)
+            expired = await asyncio.to_thread(_get, gateway.base_url + "/models", channel.key)
+        return ok, wrong, expired
+
+    assert asyncio.run(main()) == (200, 401, 401)
+
+
+def _get(url: str, key: str) -> int:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"})
+    try:
+        return urllib.request.urlopen(request).status
+    except urllib.error.HTTPError as e:
+        json.loads(e.read())  # an OpenAI-shaped error body
+        return e.code
