@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -62,7 +61,7 @@ def _engine(tok, max_seq_len: int = 1024):
 
 
 def _spec(sandbox, mode: str, **args):
-    return load_environment("harness", sandbox=sandbox, command=f"{sys.executable} {HARNESS} {mode}",
+    return load_environment("harness", sandbox=sandbox, command=f"{{python}} {HARNESS} {mode}",
                             tasks="funcs", task_args={"prompt_style": "instruct"}, **args)
 
 
@@ -150,8 +149,10 @@ def test_tool_call_arguments_compare_as_values_not_as_text():
 # ------------------------------------------------------------------ whole episodes
 
 
-def test_harness_episodes_are_graded_and_keep_the_sampled_ids(tok):
-    trajs, client = _run(tok, "answer")
+@pytest.mark.parametrize("preload", [[], ["openai"]])
+def test_harness_episodes_are_graded_and_keep_the_sampled_ids(tok, preload):
+    """Started afresh, or forked from the fork server that imported openai once."""
+    trajs, client = _run(tok, "answer", preload=preload)
     assert len(trajs) == 2 and len(client.requests) == 4
     for t in trajs:
         assert t.reason == "wrong_answer" and t.info["total"] > 0  # graded by funcs' grader
@@ -181,10 +182,11 @@ def test_edited_history_is_counted_and_trained_as_two_segments(tok):
     assert len(t.segments) == 2
 
 
+@pytest.mark.parametrize("preload", [[], ["openai"]])
 @pytest.mark.parametrize("mode,reason", [("crash", "crashed"), ("hang", "timeout"),
                                          ("flood", "turn_budget")])
-def test_a_misbehaving_harness_ends_its_own_episode_with_a_reason(tok, mode, reason):
-    trajs, _ = _run(tok, mode, samples=1, timeout_s=3.0, max_turns=3)
+def test_a_misbehaving_harness_ends_its_own_episode_with_a_reason(tok, mode, reason, preload):
+    trajs, _ = _run(tok, mode, samples=1, timeout_s=3.0, max_turns=3, preload=preload)
     assert trajs[0].reason == reason and trajs[0].reward == 0.0
 
 

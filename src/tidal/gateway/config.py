@@ -11,9 +11,10 @@ from tidal.section import Section
 
 class GatewayConfig(Section):
     command: str
-    """The harness: a command line (split like a shell, no shell features) run once per episode
-    in a fresh workspace folder, with OPENAI_BASE_URL, OPENAI_API_KEY (that episode's key) and
-    TIDAL_TASK_FILE set and the task as JSON on stdin. Required."""
+    """The harness: a command line (split like a shell, no shell features; ``{python}`` is this
+    interpreter) run once per episode in a fresh workspace folder, with OPENAI_BASE_URL,
+    OPENAI_API_KEY (that episode's key), TIDAL_TASK_FILE and TIDAL_ANSWER_FILE set and the task
+    as JSON on stdin. Required."""
     tasks: str = "funcs"
     """The environment family whose tasks the harness is given and whose environment grades the
     answer (env.args of it: ``task_args``)."""
@@ -33,8 +34,10 @@ class GatewayConfig(Section):
     (reason "token_budget")."""
     max_body_bytes: int = Field(1 << 20, ge=1024)
     """Largest request body the gateway reads (a 413 past it)."""
-    startup_grace_s: float = Field(0.0, ge=0)
-    """Extra seconds added to timeout_s for the harness's interpreter to start."""
+    preload: list[str] = Field(default_factory=list)
+    """Modules a Python harness imports, imported once by a fork server (gateway/zygote.py) that
+    forks each episode's harness (the command must start with ``{python}``, this interpreter):
+    e.g. ["openai"] saves ~1 s of CPU per episode. Empty: each harness starts afresh."""
 
     @field_validator("command")
     @classmethod

@@ -78,31 +78,44 @@ class HarnessEpisode:
         stopped (channel.ended says why; "timeout" is set here)."""
         payload = json.dumps({"task_id": task.task_id, "messages": messages,
                               "prompt": messages[-1].get("content", "")})
-        (workspace / "task.json").write_text(payload)
+        task_file = workspace / "task.json"
+        task_file.write_text(payload)
         env = {**os.environ, "OPENAI_BASE_URL": self.gateway.base_url,
-               "OPENAI_API_KEY": channel.key, "TIDAL_TASK_FILE": str(workspace / "task.json"),
+               "OPENAI_API_KEY": channel.key, "TIDAL_TASK_FILE": str(task_file),
                "TIDAL_ANSWER_FILE": str(workspace / ANSWER_FILE)}
-        with open(workspace / LOG_FILE, "wb") as out:
-            proc = await asyncio.create_subprocess_exec(
-                *harness_argv(self.cfg.command), cwd=workspace, env=env,
-                stdin=asyncio.subprocess.PIPE, stdout=out, stderr=out, start_new_session=True)
+        proc = await self._launch(env, task_file, workspace)
         try:
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                proc.stdin.write(payload.encode())
-                await proc.stdin.drain()
-                proc.stdin.close()
-            exited = asyncio.ensure_future(proc.wait())
+            exited = asyncio.ensure_future(proc.exited)
             ended = asyncio.ensure_future(channel.done.wait())
             done, _ = await asyncio.wait({exited, ended}, return_when=asyncio.FIRST_COMPLETED,
-                                         timeout=self.cfg.timeout_s + self.cfg.startup_grace_s)
+                                         timeout=self.cfg.timeout_s)
             ended.cancel()
             if exited in done:
-                return proc.returncode
+                return exited.result()
             if not done:
                 channel.end("timeout")
             return None
         finally:
-            await _stop(proc)
+            await proc.stop()
+
+    async def _launch(self, env: dict, task_file: Path, workspace: Path) -> "Harness":
+        """The harness's process: forked from the zygote (env.args.preload, a ``{python}``
+        command), else started afresh."""
+        argv = shlex.split(self.cfg.command)
+        log_file = workspace / LOG_FILE
+        if self.cfg.preload and argv[0] == "{python}":
+            from tidal.gateway.zygote import zygote
+
+            child = zygote(tuple(self.cfg.preload)).spawn(
+                harness_argv(self.cfg.command), str(workspace), env, str(task_file), str(log_file))
+            if not await asyncio.to_thread(child.started.wait, 30) or child.pid is None:
+                raise RuntimeError("the harness fork server did not start a harness")
+            return Harness(child.pid, child.exited, None)
+        with open(task_file, "rb") as stdin, open(log_file, "wb") as out:
+            proc = await asyncio.create_subprocess_exec(
+                *harness_argv(self.cfg.command), cwd=workspace, env=env, stdin=stdin, stdout=out,
+                stderr=out, start_new_session=True)
+        return Harness(proc.pid, proc.wait(), proc)
 
     # ------------------------------------------------------------------ the reward
 
@@ -154,16 +167,22 @@ class HarnessEpisode:
                              window=self.gateway.window)
 
 
-async def _stop(proc: asyncio.subprocess.Process) -> None:
-    """Stop the harness's whole process group (SIGTERM, then SIGKILL after STOP_GRACE_S)."""
-    if proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
-        except TimeoutError:
-            pass
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)  # children it left behind, too
-    if proc.returncode is None:
-        await proc.wait()
+class Harness:
+    """A running harness: its process group and its exit."""
+
+    def __init__(self, pid: int, exited, proc: asyncio.subprocess.Process | None):
+        self.pid, self.proc = pid, proc
+        self.exited = asyncio.ensure_future(exited)
+
+    async def stop(self) -> None:
+        """Stop its whole process group (SIGTERM, then SIGKILL after STOP_GRACE_S): children it
+        left behind too."""
+        if not self.exited.done():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.exited), STOP_GRACE_S)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.exited), STOP_GRACE_S)
