@@ -54,18 +54,21 @@ def builtin(model) -> Engine:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """(server, its url, the model it serves as version 0, the publisher of the run's weights)."""
+    """(server, its url, the model it serves as version 0, the publisher of the run's weights).
+    The server's admin key is in TIDAL_API_KEY meanwhile, where a worker's engine reads it."""
     root = tmp_path_factory.mktemp("remote")
     model = build_model(preset("tiny-moe"), seed=0)
     save_pretrained(model, root / "ck", ByteTokenizer())
     server = ServerProcess(load_config(None, SERVE), root / "serve", root / "ck", SERVE)
     url = server.start()
     publisher = HttpWeightPublisher(root / "weights", SyncConfig(), "float32")
-    try:
-        yield server, url, model, publisher
-    finally:
-        publisher.close()
-        server.stop()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TIDAL_API_KEY", server.admin_key)
+        try:
+            yield server, url, model, publisher
+        finally:
+            publisher.close()
+            server.stop()
 
 
 def engine_for(url: str, model, publisher=None, **kw) -> RemoteEngine:
@@ -144,6 +147,22 @@ def test_a_version_number_never_names_two_sets_of_weights(served, tmp_path):
             remote.close()
     finally:
         other.close()
+
+
+@pytest.mark.slow  # a tidal serve child process
+def test_a_worker_without_the_right_key_is_told_which_to_give(served):
+    server, url, model, publisher = served
+    with pytest.raises(RemoteEngineError, match="HTTP 401 .*sent none: set the environment "
+                                                "variable TIDAL_API_KEY"):
+        RemoteEngine(remote_cfg(url), ByteTokenizer(), model.config, api_key="")
+    remote = RemoteEngine(remote_cfg(url), ByteTokenizer(), model.config,
+                          weights=publisher.address, api_key=server.user_key)
+    try:
+        assert remote.generate(requests(0.0)[:1])[0].token_ids  # a user key may generate
+        with pytest.raises(RemoteEngineError, match="HTTP 403 .*needs an admin key"):
+            remote.load_weights(None, 0)
+    finally:
+        remote.close()
 
 
 def test_a_server_that_is_down_is_a_clear_error_naming_the_url():
@@ -314,7 +333,7 @@ def test_a_server_killed_mid_run_fails_the_worker_quickly(served):
 
 
 @pytest.mark.slow
-def test_a_few_rl_steps_generate_through_tidal_serve(tmp_path):
+def test_a_few_rl_steps_generate_through_tidal_serve(tmp_path, monkeypatch):
     """`tidal train`'s loop with engine.backend = "remote": every rollout token comes from the
     server, each step's weights reach it through /v1/tidal/update_weights."""
     from tidal.orchestrator.loop import run_rl
@@ -328,6 +347,7 @@ def test_a_few_rl_steps_generate_through_tidal_serve(tmp_path):
     server = ServerProcess(cfg, tmp_path / "serve", tmp_path / "ck",
                            ["--online.learner.enabled", "false"])
     url = server.start()
+    monkeypatch.setenv("TIDAL_API_KEY", server.admin_key)  # the rollout workers' key
     try:
         train = load_config(None, [
             *tiny, "--orchestrator.tasks_per_step", "4", "--orchestrator.group_size", "2",
@@ -338,7 +358,8 @@ def test_a_few_rl_steps_generate_through_tidal_serve(tmp_path):
             "--engine.remote.url", url])
         summary = run_rl(train, tmp_path / "run", tmp_path / "ck", progress=False)
         assert summary.steps == 3 and summary.trajectories == 3 * 4 * 2
-        status = json.loads(urllib.request.urlopen(f"{url}/v1/tidal/status", timeout=30).read())
+        ask = urllib.request.Request(f"{url}/v1/tidal/status", headers=server.headers())
+        status = json.loads(urllib.request.urlopen(ask, timeout=30).read())
         assert status["live"] >= 1  # the server serves what the run published
     finally:
         server.stop()

@@ -18,6 +18,7 @@ from tidal.model.presets import preset
 from tidal.model.qwen3 import build_model
 from tidal.model.tokenizer import ByteTokenizer
 from tidal.online.api import create_app
+from tidal.online.api.auth import KeyRing
 from tidal.online.api.chat import ChatTemplate, ChatTemplateError, plain_prompt
 from tidal.online.config import OnlineConfig
 from tidal.online.memory import MemoryStore
@@ -27,23 +28,42 @@ from tidal.online.weights import VersionLoader, publish_model
 
 TOK = ByteTokenizer()
 MAX_SEQ = 96
+USER_KEY, ADMIN_KEY = "test-user-key-0123456789abcdef", "test-admin-key-0123456789abcdef"
+
+
+def make_keys() -> KeyRing:
+    """A user key (what ``Served.client`` and ``raw`` send) and an admin key."""
+    ring = KeyRing()
+    ring.add(USER_KEY, "user", "tests")
+    ring.add(ADMIN_KEY, "admin", "tests")
+    return ring
 
 
 class Served:
-    """The app on uvicorn in a thread; ``client``: the openai client pointed at it."""
+    """The app on uvicorn in a thread; ``client``: the openai client pointed at it, with the
+    user key of ``keys`` (default: make_keys(); ``no_auth``: none). ``start=False``: version 0
+    is published (``weights``, ``sha``) but nothing serves until ``start(**create_app's
+    live_versions, updater, registry)``."""
 
-    def __init__(self, tmp_path, cfg: OnlineConfig | None = None):
+    def __init__(self, tmp_path, cfg: OnlineConfig | None = None, keys: KeyRing | None = None,
+                 no_auth: bool = False, start: bool = True):
         model = build_model(preset("tiny").model_copy(update={"initializer_range": 0.1}), seed=0).eval()
-        self.sha = publish_model(model, tmp_path / "weights", 0, "float32")
-        self.loader = VersionLoader(tmp_path / "weights")
+        self.weights = tmp_path / "weights"
+        self.sha = publish_model(model, self.weights, 0, "float32")
+        self.loader = VersionLoader(self.weights)
         engine_cfg = EngineConfig(max_batch_size=8, max_seq_len=MAX_SEQ, max_new_tokens=32, stop=[])
         self.policy = PolicyServer(engine_cfg, TOK, self.loader)
         self.policy.refresh([VersionRecord(0, None, self.sha, "live", 0.0)])
         self.store = MemoryStore()
+        self.keys = None if no_auth else keys if keys is not None else make_keys()
         self.cfg = cfg or OnlineConfig.model_validate(
             {"serve": {"max_tokens": 24, "max_n": 4, "max_body_bytes": 4096,
                        "max_feedback_bytes": 512}})
-        app = create_app(self.cfg, self.policy, self.store, self.store)
+        if start:
+            self.start()
+
+    def start(self, **app_kw):
+        app = create_app(self.cfg, self.policy, self.store, self.store, keys=self.keys, **app_kw)
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
@@ -52,16 +72,21 @@ class Served:
         self.thread.start()
         while not self.server.started:
             time.sleep(0.01)
-        self.client = openai.OpenAI(api_key="unused", base_url=f"http://127.0.0.1:{self.port}/v1",
-                                    max_retries=0)
+        self.client = self.client_with(USER_KEY)
+
+    def client_with(self, key: str) -> openai.OpenAI:
+        return openai.OpenAI(api_key=key, base_url=f"http://127.0.0.1:{self.port}/v1",
+                             max_retries=0)
 
     def raw(self, method: str, path: str, body: bytes | str | None = None, headers=None):
-        """(status, headers, parsed JSON or text) of one plain HTTP request."""
+        """(status, headers, parsed JSON or text) of one plain HTTP request (with the user
+        key unless ``headers`` has an Authorization of its own; a header None is not sent)."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
         if isinstance(body, str):
             body = body.encode()
-        conn.request(method, path, body=body, headers={"Content-Type": "application/json",
-                                                       **(headers or {})})
+        auth = {"Authorization": f"Bearer {USER_KEY}"} if self.keys is not None else {}
+        sent = {"Content-Type": "application/json", **auth, **(headers or {})}
+        conn.request(method, path, body=body, headers={k: v for k, v in sent.items() if v is not None})
         r = conn.getresponse()
         data = r.read()
         conn.close()
@@ -207,7 +232,7 @@ def test_chat_template_from_checkpoint(tmp_path):
     with pytest.raises(ChatTemplateError, match="no system role"):
         chat.render([{"role": "system", "content": "x"}])
     assert ChatTemplate.from_checkpoint(tmp_path / "missing").kind == "plain"
-    assert plain_prompt(MESSAGES) == "<|system|>\nbe brief\n<|user|>\nfix f\n<|assistant|>\n"
+    assert plain_prompt(MESSAGES) == "<|system|>\nbe brief<|end|>\n<|user|>\nfix f<|end|>\n<|assistant|>\n"
 
 
 def test_sandboxed_template_cannot_reach_python(tmp_path):
@@ -304,7 +329,8 @@ def _chunked(served, path: str, size: int):
     conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=60)
     body = (b'{"response_id": "' + b"x" * size + b'"}')
     conn.request("POST", path, body=iter([body[i:i + 256] for i in range(0, len(body), 256)]),
-                 headers={"Content-Type": "application/json"}, encode_chunked=True)
+                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {USER_KEY}"},
+                 encode_chunked=True)
     r = conn.getresponse()
     data = json.loads(r.read())
     conn.close()

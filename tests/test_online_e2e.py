@@ -37,12 +37,12 @@ def test_no_acknowledged_feedback_is_lost_to_kill_9(tmp_path, checkpoint):
     server = ServerProcess(cfg, run, checkpoint, ["--online.learner.enabled", "false"])
     url = server.start()
     try:
-        client = openai.OpenAI(api_key="unused", base_url=f"{url}/v1", max_retries=0)
+        client = openai.OpenAI(api_key=server.user_key, base_url=f"{url}/v1", max_retries=0)
         done = client.completions.create(model="tidal", prompt="def f(x):", max_tokens=8)
         assert done.tidal_version == 0
         body = json.dumps({"response_id": done.id, "signal": "accepted"}).encode()
         request = urllib.request.Request(f"{url}/v1/feedback", body,
-                                         {"Content-Type": "application/json"})
+                                         {"Content-Type": "application/json", **server.headers()})
         with urllib.request.urlopen(request, timeout=30) as r:
             assert json.loads(r.read())["status"] == "stored"
         store = OnlineStore.open("", run)
@@ -68,7 +68,7 @@ def test_feedback_answers_429_with_retry_after_when_the_learner_is_behind(tmp_pa
         store = OnlineStore.open("", run)
         live = VersionRegistry(store).live()
         ids = seed_responses(store, live.version, live.manifest_sha256, 200, "bp")
-        result = asyncio.run(post_feedback(url, ids, 4))
+        result = asyncio.run(post_feedback(url, ids, 4, headers=server.headers()))
         assert result["statuses"].get(429, 0) > 0 and result["statuses"].get(200, 0) >= 20
         assert all(r.isdigit() and int(r) >= 1 for r in result["retry_after"])
         stored = stored_feedback_ids(OnlineStore.open("", run))

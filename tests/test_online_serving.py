@@ -265,15 +265,20 @@ def test_prompt_checks():
 # ---------------------------------------------------------------- tidal serve
 
 
-def test_build_server_from_checkpoint_then_run_dir(tmp_path):
+KEY = "serving-test-user-key-0123456789"
+
+
+def test_build_server_from_checkpoint_then_run_dir(tmp_path, monkeypatch):
     from tidal.cli.serve import build_server
     from tidal.config import load_config
 
+    monkeypatch.setenv("TIDAL_API_KEYS", KEY)
     save_pretrained(model(0), tmp_path / "ck", TOK)
     cfg = load_config(None, ["--engine.max_seq_len", "64", "--engine.max_new_tokens", "16"])
     parts = build_server(cfg, tmp_path / "run", tmp_path / "ck", port=0)
     try:
         assert parts.version == 0 and parts.policy.live == 0
+        assert parts.keys.counts() == {"user": 1, "admin": 0}
         assert parts.manifest_sha256 == weights_digest(VersionStore(tmp_path / "run" / "weights").manifest(0, "anchor"))
     finally:
         for close in parts.closers:
@@ -293,7 +298,7 @@ def test_build_server_from_checkpoint_then_run_dir(tmp_path):
 def test_tidal_serve_command_listens_and_stops_on_sigterm(tmp_path):
     save_pretrained(model(0), tmp_path / "ck", TOK)
     src = Path(__file__).resolve().parents[1] / "src"
-    env = {**os.environ, "PYTHONPATH": str(src)}
+    env = {**os.environ, "PYTHONPATH": str(src), "TIDAL_API_KEYS": KEY}
     proc = subprocess.Popen(
         [sys.executable, "-m", "tidal", "serve", "--checkpoint", str(tmp_path / "ck"), "--run-dir",
          str(tmp_path / "run"), "--port", "0", "--engine.max_seq_len", "64",
@@ -305,7 +310,7 @@ def test_tidal_serve_command_listens_and_stops_on_sigterm(tmp_path):
         url = line.split()[4]
         import openai
 
-        client = openai.OpenAI(api_key="x", base_url=f"{url}/v1", max_retries=0)
+        client = openai.OpenAI(api_key=KEY, base_url=f"{url}/v1", max_retries=0)
         r = client.completions.create(model="tidal", prompt="hi", max_tokens=4)
         assert r.tidal_version == 0 and r.tidal_manifest_sha256 in line
         proc.send_signal(signal.SIGTERM)
@@ -328,7 +333,8 @@ def test_run_dir_of_a_training_run_serves_its_newest_checkpoint(tmp_path):
         save_pretrained(model(seed), folder, TOK)
         (folder / "COMPLETE").write_text("")
     save_pretrained(model(2), train / "checkpoints" / "step_000006", TOK)  # no COMPLETE
-    cfg = load_config(None, ["--engine.max_seq_len", "64", "--engine.max_new_tokens", "16"])
+    cfg = load_config(None, ["--engine.max_seq_len", "64", "--engine.max_new_tokens", "16",
+                             "--online.serve.require_keys", "false"])  # on 127.0.0.1
     run_dir, checkpoint = serving_run(cfg, train, None)
     assert run_dir == train / "serve" and checkpoint == train / "checkpoints" / "step_000004"
     parts = build_server(cfg, run_dir, checkpoint, port=0)

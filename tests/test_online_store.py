@@ -23,7 +23,7 @@ from tidal.errors import UserError
 from tidal.online.config import StoreConfig
 from tidal.online.records import FeedbackEvent, ServedResponse
 from tidal.online.store import GroupCommitter, OnlineStore
-from tidal.online.store import writes
+from tidal.online.store import codec, schema, writes
 from tidal.online.store.migrate import alembic_config, head_revision
 from tidal.online.store.schema import metadata
 
@@ -76,6 +76,21 @@ def test_feedback_outcomes_and_only_stored_ones_are_stored(store):
     assert [(e.feedback.response_id, e.feedback.index, e.feedback.signal, e.feedback.value) for e in events] == \
         [("a", 0, "accepted", None), ("a", 1, "scalar", -0.5)]
     assert events[0].response == served("a") and events[0].seq < events[1].seq
+
+
+def test_feedback_only_from_the_key_the_response_was_served_to(store):
+    store.write_responses([served("k", key_id="aaaa"), served("k", index=1, key_id="aaaa"),
+                           served("open")])  # "open": served without keys
+    assert store.response("k").key_id == "aaaa" and store.response("open").key_id is None
+    out = store.write_feedback([FeedbackEvent("k", "accepted", key_id="bbbb"),
+                                FeedbackEvent("k", "accepted"),  # no key at all
+                                FeedbackEvent("k", "rejected", index=1, key_id="aaaa"),
+                                FeedbackEvent("open", "edited", key_id="bbbb")])
+    assert out == ["not_owner", "not_owner", "stored", "stored"]
+    # not_owner comes before duplicate: another key learns nothing of the feedback given
+    assert store.write_feedback([FeedbackEvent("k", "accepted", index=1, key_id="bbbb")]) == ["not_owner"]
+    assert store.write_feedback([FeedbackEvent("k", "accepted", key_id="aaaa")]) == ["stored"]
+    assert store.counts()["feedback"] == 3
 
 
 @pytest.mark.parametrize("bad", [FeedbackEvent("a", "loved"), FeedbackEvent("a", "scalar", value=1.5),
@@ -351,10 +366,13 @@ def test_a_database_at_revision_0001_opens_and_keeps_its_rows(url_and_dir):
     with engine.begin() as conn:  # back to a bare 0001 database, as an older tidal made it
         command.downgrade(alembic_config(conn), "base")
         command.upgrade(alembic_config(conn), "0001")
-    s.write_responses([served("old")])
+        row = codec.response_row(served("old"))
+        del row["key_id"]  # 0002 added it
+        conn.execute(schema.responses.insert(), row)
     s.close()
     s = OnlineStore.open(url, run_dir)
-    assert s.response("old") == served("old")
+    assert s.response("old") == served("old")  # key_id None: served before keys
+    assert s.write_feedback([FeedbackEvent("old", "accepted", key_id="any")]) == ["stored"]
     with s.engine.connect() as conn:
         assert MigrationContext.configure(conn).get_current_revision() == head_revision()
     s.close()

@@ -126,7 +126,7 @@ def phase_serve(bench: BenchSection, cfg: TidalConfig, checkpoint: Path, run_dir
     url = server.start()
     try:
         rows = serve_throughput(url, cfg.online.serve.model_name, prompts, bench.levels,
-                                bench.new_tokens, run_seed(cfg))
+                                bench.new_tokens, run_seed(cfg), server.headers())
     finally:
         server.stop()
     peer = generate_throughput(checkpoint, load_tokenizer(checkpoint), prompts, bench.new_tokens,
@@ -157,9 +157,10 @@ def phase_ingest(bench: BenchSection, cfg: TidalConfig, checkpoint: Path, run_di
     ids = seed_responses(store, live.version, live.manifest_sha256, 3 * n + 400 + paced_n, "bench")
     paced_ids = ids[3 * n + 400:]
     try:
-        load = asyncio.run(post_feedback(url, ids[:n], bench.ingest_concurrency))
+        load = asyncio.run(post_feedback(url, ids[:n], bench.ingest_concurrency,
+                                         headers=server.headers()))
         paced = asyncio.run(paced_feedback(url, paced_ids, bench.ingest_rate,
-                                           bench.ingest_concurrency))
+                                           bench.ingest_concurrency, server.headers()))
         learner_steps = count_learn_steps(run_dir)
         kill = kill_during_load(server, url, ids[n:3 * n], bench.ingest_concurrency,
                                 bench.kill_after_s)
@@ -174,7 +175,8 @@ def phase_ingest(bench: BenchSection, cfg: TidalConfig, checkpoint: Path, run_di
                           log_name="serve-backpressure.log")
     url = small.start()
     try:
-        pressure = asyncio.run(post_feedback(url, ids[3 * n:3 * n + 400], 8))
+        pressure = asyncio.run(post_feedback(url, ids[3 * n:3 * n + 400], 8,
+                                             headers=small.headers()))
     finally:
         small.stop()
     return {"load": ingest_row(load), "paced": ingest_row(paced),
@@ -206,7 +208,8 @@ def phase_cycle_and_bad(bench: BenchSection, cfg: TidalConfig, checkpoint: Path,
     store = OnlineStore.open(cfg.online.store.database_url, run_dir)
     registry = VersionRegistry(store)
     initial = registry.live().version
-    traffic = UserTraffic(url, cfg.online.serve.model_name, users, cfg.engine.max_new_tokens)
+    traffic = UserTraffic(url, cfg.online.serve.model_name, users, cfg.engine.max_new_tokens,
+                          server.headers())
     try:
         if "cycle" in bench.phases:
             start = time.time()
@@ -237,7 +240,7 @@ def phase_bad(bench: BenchSection, cfg: TidalConfig, run_dir: Path, traffic, sto
     server = ServerProcess(cfg, run_dir, None, ["--online.learner.enabled", "false"],
                            log_name="serve-bad.log")
     url = server.start()
-    traffic.url = url
+    traffic.url, traffic.headers = url, server.headers()
     weights_root = run_dir / "weights"
     loader = VersionLoader(weights_root)
     try:

@@ -41,8 +41,9 @@ def seed_responses(store, version: int, digest: str, n: int, prefix: str) -> lis
 
 
 async def post_feedback(url: str, ids: list[str], concurrency: int, signal: str = "accepted",
-                        stop_after_s: float | None = None) -> dict:
-    """POST one event per id; returns the acknowledged ids, statuses and latencies."""
+                        stop_after_s: float | None = None, headers: dict | None = None) -> dict:
+    """POST one event per id (``headers``: the API key's); returns the acknowledged ids,
+    statuses and latencies."""
     queue = list(ids)
     acked: list[str] = []
     latencies: list[float] = []
@@ -71,7 +72,7 @@ async def post_feedback(url: str, ids: list[str], concurrency: int, signal: str 
                     return  # the server is gone
 
     connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector,
+    async with aiohttp.ClientSession(connector=connector, headers=headers,
                                      timeout=aiohttp.ClientTimeout(total=30)) as session:
         start = time.perf_counter()
         await asyncio.gather(*(client(session) for _ in range(concurrency)))
@@ -80,7 +81,8 @@ async def post_feedback(url: str, ids: list[str], concurrency: int, signal: str 
             "errors": errors, "retry_after": retry_after}
 
 
-async def paced_feedback(url: str, ids: list[str], rate: float, connections: int) -> dict:
+async def paced_feedback(url: str, ids: list[str], rate: float, connections: int,
+                         headers: dict | None = None) -> dict:
     """Open-loop load: event i is sent at start + i / rate whatever the answers before it (a
     dispatcher fires each one on time), and its latency counts from when it was due (so a slow
     answer that holds up later sends is charged, not hidden: no coordinated omission)."""
@@ -88,7 +90,7 @@ async def paced_feedback(url: str, ids: list[str], rate: float, connections: int
     statuses: dict[int, int] = {}
     errors = 0
     connector = aiohttp.TCPConnector(limit=connections)
-    async with aiohttp.ClientSession(connector=connector,
+    async with aiohttp.ClientSession(connector=connector, headers=headers,
                                      timeout=aiohttp.ClientTimeout(total=30)) as session:
 
         async def one(due: float, rid: str) -> None:
@@ -140,7 +142,8 @@ def kill_during_load(server, url: str, ids: list[str], concurrency: int, kill_af
     """Load the server, SIGKILL it mid-stream, return what it had acknowledged."""
 
     async def load_and_kill() -> dict:
-        task = asyncio.create_task(post_feedback(url, ids, concurrency, stop_after_s=kill_after_s))
+        task = asyncio.create_task(post_feedback(url, ids, concurrency, stop_after_s=kill_after_s,
+                                                 headers=server.headers()))
         await asyncio.sleep(kill_after_s)
         server.kill9()
         return await task

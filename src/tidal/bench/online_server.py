@@ -2,13 +2,16 @@
 
 The benchmark talks to the server only over HTTP and reads the run's store afterwards, as a
 user's tooling would; the server runs the run config the benchmark was given (written out as
-a recipe), with its own overrides on the command line.
+a recipe), with its own overrides on the command line. It gets two fresh API keys through the
+environment (TIDAL_API_KEYS, TIDAL_ADMIN_KEYS): ``user_key`` for clients, ``admin_key`` for
+rollout workers (weight updates) and the registry routes.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -41,6 +44,11 @@ class ServerProcess:
         self.log_path = self.run_dir / log_name
         self.proc: subprocess.Popen | None = None
         self.url = ""
+        self.user_key, self.admin_key = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+
+    def headers(self, admin: bool = False) -> dict:
+        """The Authorization header of the user key (or the admin key)."""
+        return {"Authorization": f"Bearer {self.admin_key if admin else self.user_key}"}
 
     def start(self, timeout_s: float = 600.0) -> str:
         port = free_port()
@@ -50,7 +58,9 @@ class ServerProcess:
             cmd += ["--checkpoint", str(self.checkpoint)]
         log = self.log_path.open("a")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                          "TIDAL_API_KEYS": self.user_key,
+                                          "TIDAL_ADMIN_KEYS": self.admin_key},
                                      start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -24,7 +24,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def _completions(url: str, model: str, prompts: list[str], concurrency: int,
-                       new_tokens: int, seed: int) -> dict:
+                       new_tokens: int, seed: int, headers: dict | None) -> dict:
     latencies: list[float] = []
     queue = list(enumerate(prompts))
     timeout = aiohttp.ClientTimeout(total=None)
@@ -41,7 +41,7 @@ async def _completions(url: str, model: str, prompts: list[str], concurrency: in
                     raise RuntimeError(f"/v1/completions answered {r.status}: {data}")
             latencies.append(time.perf_counter() - t)
 
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
         start = time.perf_counter()
         await asyncio.gather(*(client(session) for _ in range(concurrency)))
         wall = time.perf_counter() - start
@@ -52,10 +52,11 @@ async def _completions(url: str, model: str, prompts: list[str], concurrency: in
 
 
 def serve_throughput(url: str, model: str, prompts: list[str], levels: list[int],
-                     new_tokens: int, seed: int) -> list[dict]:
-    """One row per concurrency level (a short warm-up first)."""
-    asyncio.run(_completions(url, model, prompts[:2], 1, new_tokens, seed))
-    return [asyncio.run(_completions(url, model, prompts, c, new_tokens, seed)) for c in levels]
+                     new_tokens: int, seed: int, headers: dict | None = None) -> list[dict]:
+    """One row per concurrency level (a short warm-up first); ``headers``: the API key's."""
+    asyncio.run(_completions(url, model, prompts[:2], 1, new_tokens, seed, headers))
+    return [asyncio.run(_completions(url, model, prompts, c, new_tokens, seed, headers))
+            for c in levels]
 
 
 def generate_throughput(checkpoint, tokenizer, prompts: list[str], new_tokens: int,

@@ -33,6 +33,8 @@ class UserTraffic:
     users: object
     """tidal.online.simusers.SimulatedUsers."""
     max_tokens: int
+    headers: dict = field(default_factory=dict)
+    """The API key's Authorization header (ServerProcess.headers)."""
     log: list[Interaction] = field(default_factory=list)
     first_feedback: float | None = None
     errors: int = 0
@@ -75,7 +77,8 @@ class UserTraffic:
                     self.errors += 1
                     await asyncio.sleep(0.5)
 
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120),
+                                         headers=self.headers) as session:
             await asyncio.gather(*(user_loop(session) for _ in range(concurrency)))
 
     def accept_rate(self, version: int, honest_only: bool = True) -> tuple[float, int]:

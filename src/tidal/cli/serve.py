@@ -5,6 +5,8 @@
     tidal serve [CONFIG.toml] --run-dir RUN_DIR
         serve the run's live version (RUN_DIR/weights); a `tidal train` run's newest
         checkpoint, as a serving run in RUN_DIR/serve
+    keys: TIDAL_API_KEYS / TIDAL_ADMIN_KEYS, or online.serve.keys_file (tidal.online.api.auth);
+        --no-auth (loopback hosts only) serves without
 
 ``build_server`` assembles the parts (the run's store and version registry, weights, policy
 server, a group-committing writer, the app), ``start_learner`` the learner process beside them
@@ -33,7 +35,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 class ServerParts:
     """What ``run_server`` runs. ``store`` is both the recorder and the feedback sink;
     ``live_versions()`` returns the registry's records (live and canary) the app polls;
-    ``closers`` run after the server stopped."""
+    ``closers`` run after the server stopped; ``keys``: the API's KeyRing (None: --no-auth),
+    where a rollout gateway in this process issues and revokes its episodes' keys."""
 
     cfg: Any
     run_dir: Path
@@ -45,6 +48,7 @@ class ServerParts:
     manifest_sha256: str
     host: str
     port: int
+    keys: Any = None
     closers: list[Callable] = field(default_factory=list)
 
 
@@ -92,9 +96,11 @@ def _initial_records(cfg, run_dir: Path, checkpoint: Path | None, registry) -> l
 def build_server(cfg, run_dir: str | Path, checkpoint: str | Path | None = None,
                  host: str | None = None, port: int | None = None) -> ServerParts:
     """Open the run's store and registry, publish/find the weights, load the live version (and a
-    canary) with their digests checked, and build the app on a group-committing writer."""
+    canary) with their digests checked, and build the app on a group-committing writer. The API
+    keys are read first (auth.serving_keys): without any, nothing else starts."""
     from tidal.model.tokenizer import load_tokenizer
     from tidal.online.api import create_app
+    from tidal.online.api.auth import serving_keys
     from tidal.online.api.chat import ChatTemplate
     from tidal.online.serving import PolicyServer
     from tidal.online.store import GroupCommitter, OnlineStore, VersionRegistry
@@ -104,6 +110,8 @@ def build_server(cfg, run_dir: str | Path, checkpoint: str | Path | None = None,
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = Path(checkpoint) if checkpoint is not None else None
     online = cfg.online
+    host = host or online.serve.host
+    keys = serving_keys(online.serve, host)
     store = OnlineStore.open(online.store.database_url, run_dir)
     registry = VersionRegistry(store)
     records = _initial_records(cfg, run_dir, checkpoint, registry)
@@ -120,11 +128,11 @@ def build_server(cfg, run_dir: str | Path, checkpoint: str | Path | None = None,
 
     writer = GroupCommitter(store, online.store, online.learner.max_backlog)
     updater = WeightUpdater(policy, registry, cfg.model.dtype, cfg.sync)
-    app = create_app(online, policy, writer, writer, registry.live_versions, updater)
+    app = create_app(online, policy, writer, writer, registry.live_versions, updater, keys=keys,
+                     registry=registry)
     return ServerParts(cfg, run_dir, app, policy, writer, registry.live_versions, policy.live,
-                       policy.sha_of(policy.live), host or online.serve.host,
-                       online.serve.port if port is None else port,
-                       [writer.close, updater.close, loader.close, store.close])
+                       policy.sha_of(policy.live), host, online.serve.port if port is None else port,
+                       keys, [writer.close, updater.close, loader.close, store.close])
 
 
 LEARNER_RESTARTS = 5
@@ -205,7 +213,8 @@ def run_server(parts: ServerParts) -> None:
             if self.started:
                 port = self.servers[0].sockets[0].getsockname()[1] if self.servers else parts.port
                 print(f"tidal serve: listening on http://{parts.host}:{port} (version "
-                      f"{parts.version}, sha {parts.manifest_sha256})", flush=True)
+                      f"{parts.version}, sha {parts.manifest_sha256}; {keys_line(parts.keys)})",
+                      flush=True)
 
     config = uvicorn.Config(parts.app, host=parts.host, port=parts.port, log_level="warning",
                             timeout_graceful_shutdown=30)
@@ -220,6 +229,13 @@ def run_server(parts: ServerParts) -> None:
             signal.signal(sig, handler)
         for close in parts.closers:
             close()
+
+
+def keys_line(keys) -> str:
+    if keys is None:
+        return "NO API KEYS (--no-auth): anyone who reaches this port may call it"
+    counts = keys.counts()
+    return f"API keys required: {counts['user']} user, {counts['admin']} admin"
 
 
 def serving_run(cfg, run_dir: Path, checkpoint: Path | None) -> tuple[Path, Path | None]:
@@ -247,6 +263,8 @@ def cmd_serve(args, rest) -> int:
     if args.checkpoint is None and args.run_dir is None:
         raise UserError("give --checkpoint DIR (serve a checkpoint) or --run-dir DIR (serve a run)")
     cfg = load_config(args.config, rest)
+    if args.no_auth:
+        cfg.online.serve.require_keys = False
     if cfg.run.worker_threads:
         import torch
 
@@ -269,4 +287,7 @@ def add_parsers(sub) -> None:
     s.add_argument("--run-dir", help="run folder (weights, store); default runs/serve-<timestamp>")
     s.add_argument("--host", help="listen address (default online.serve.host)")
     s.add_argument("--port", type=int, help="port (default online.serve.port; 0 = any free one)")
+    s.add_argument("--no-auth", action="store_true",
+                   help="serve without API keys (online.serve.require_keys = false); only on a "
+                        "loopback host such as 127.0.0.1")
     s.set_defaults(fn=cmd_serve)

@@ -22,6 +22,11 @@ class RemoteConfig(Section):
     /update_weights_from_disk; generation through its native /generate)."""
     model: str = ""
     """The model name sent with every request; "" = none (the server's only model)."""
+    api_key_env: str = "TIDAL_API_KEY"
+    """The environment variable (on the worker's machine) holding the key sent with every
+    request as ``Authorization: Bearer``; unset or empty: none is sent. A tidal serve needs an
+    admin key there (the weight reload is admin-only: docs/online.md, "Keys"); the key itself
+    never goes into a config, which is written to run folders and sent to joining workers."""
     weights_dir: str = ""
     """vllm and sglang only: the folder the server loads weights from, into which this worker's
     sync puller writes each new version (config.json + model.safetensors) before it asks the

@@ -2,7 +2,7 @@
 promote each new version through a gate and a canary, with automatic rollback.
 
     tidal serve ──> api/ (FastAPI on uvicorn: /v1/models, /v1/completions, /v1/chat/completions,
-                    /v1/feedback) ──> serving.py (the engine on its own thread, continuous
+                    /v1/feedback; bearer API keys, user and admin) ──> serving.py (the engine on its own thread, continuous
                     batching; the live version and a canary side by side)
                 ──> store/ (SQLAlchemy: responses, feedback, the version registry; SQLite WAL or
                     PostgreSQL; group commit, every write durable before its ack)

@@ -35,6 +35,13 @@ class ServeConfig(Section):
     """Largest ``n`` (completions per request) accepted."""
     poll_s: float = Field(1.0, gt=0)
     """How often the server reads the version registry for promotions, canaries, rollbacks."""
+    require_keys: bool = True
+    """Every request must present an API key (``Authorization: Bearer``): anyone who reaches
+    the port could otherwise give feedback and steer the learner. False (``tidal serve
+    --no-auth``) is accepted on a loopback host only (tidal.online.api.auth)."""
+    keys_file: str = ""
+    """JSON file of API keys with their roles (docs/online.md, "Keys"; mode 600), besides the
+    TIDAL_API_KEYS / TIDAL_ADMIN_KEYS environment variables; "" = those alone."""
 
 
 class StoreConfig(Section):

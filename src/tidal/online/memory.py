@@ -3,7 +3,7 @@ for ``tidal serve`` until the SQL store, tidal.online.store, plugs in). Nothing 
 restart.
 
     await record(responses: list[ServedResponse]) -> None
-    await submit(event: FeedbackEvent) -> "stored" | "unknown_response" | "duplicate"
+    await submit(event: FeedbackEvent) -> "stored" | "unknown_response" | "not_owner" | "duplicate"
     retry_after() -> float | None     (seconds to wait when the learner is too far behind)
 """
 
@@ -36,6 +36,9 @@ class MemoryStore:
         async with self._lock:
             if key not in self.responses:
                 return "unknown_response"
+            owner = self.responses[key].key_id
+            if owner is not None and owner != event.key_id:
+                return "not_owner"
             if key in self._keys:
                 return "duplicate"
             self._keys.add(key)

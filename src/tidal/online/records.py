@@ -43,6 +43,8 @@ class ServedResponse:
     prompt_ids, token_ids, logprobs: the engine's tokens and sampling logprobs (the behaviour
         policy's, for the learner's off-policy correction); experts / prompt_experts: MoE
         router choices (tidal.engine.request.GenerationResult), None for dense models.
+    key_id: the API key that received it (tidal.online.api.auth.key_id); feedback on it is
+        taken from that key only. None: served without keys (``--no-auth``), anyone's feedback.
     """
 
     id: str
@@ -61,20 +63,24 @@ class ServedResponse:
     behaviour: str
     experts: list | None = None
     prompt_experts: list | None = None
+    key_id: str | None = None
 
 
 @dataclass
 class FeedbackEvent:
-    """POST /v1/feedback, validated: ``value`` is set only for signal = "scalar", in [-1, 1]."""
+    """POST /v1/feedback, validated: ``value`` is set only for signal = "scalar", in [-1, 1].
+    ``key_id``: the API key that sent it; it must be the response's own key_id when that is set
+    (else the outcome is "not_owner"). Not stored: a stored event's sender is its response's."""
 
     response_id: str
     signal: str
     index: int = 0
     value: float | None = None
     received: float = 0.0
+    key_id: str | None = None
 
 
-FeedbackOutcome = Literal["stored", "unknown_response", "duplicate"]
+FeedbackOutcome = Literal["stored", "unknown_response", "not_owner", "duplicate"]
 """What writing one FeedbackEvent did (only "stored" stored anything)."""
 
 

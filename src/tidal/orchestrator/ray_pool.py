@@ -100,6 +100,10 @@ class RayPool(ElasticPool):
         else:
             self.resource, self.ask = f"device:{cfg.device}", 1.0
             options = {"num_cpus": 0, "resources": {self.resource: 1}}
+        from tidal.engine.remote.build import key_environment
+
+        if keys := key_environment(worker_args[0]):  # a Ray cluster's workers lack our env
+            options["runtime_env"] = {"env_vars": keys}
         self._actor_cls = ray.remote(RayWorker).options(max_restarts=0, **options)
         self.nodes: dict[int, dict] = {}
         """worker -> the node its (latest) actor was placed on: node_id, node_ip."""

@@ -32,6 +32,16 @@ def write_version(model, folder: str | Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def key_environment(cfg, env=os.environ) -> dict[str, str]:
+    """The remote server's key (engine.remote.api_key_env) from this process's environment, as
+    ``{name: key}`` for a worker started elsewhere (a Ray actor's runtime_env); {} when the
+    remote backend is off or no key is set."""
+    name = cfg.engine.remote.api_key_env
+    if cfg.engine.backend != "remote" or not env.get(name):
+        return {}
+    return {name: env[name]}
+
+
 def remote_engine(cfg, init_checkpoint: str, weights_address: str) -> RemoteEngine:
     """The worker's engine for engine.backend = "remote": the served model's config and
     tokenizer from ``init_checkpoint`` (no weights are loaded here), the run's weight transport

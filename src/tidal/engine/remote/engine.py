@@ -7,6 +7,8 @@ load_weights), served by an OpenAI-compatible server instead of a local model.
                     GenerationResults (tokens, sampling logprobs, versions, experts)
     load_weights(model | None, version) ──> the server's reload call (kinds.update_calls)
 
+Every request carries the key in the environment variable engine.remote.api_key_env
+(``Authorization: Bearer``; a tidal serve wants an admin key, for the reload call).
 Every reply is checked: a version this engine loaded must come with the digest the update
 reported; a version older than ``version - max_lag`` (the staleness bound) is refused and the
 request sent again, up to engine.remote.retries times. Connection errors, timeouts and 5xx
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import json
+import os
 import threading
 from types import SimpleNamespace
 
@@ -48,11 +51,17 @@ class RemoteEngine:
     eos_id; ``model_config``: the served model's tidal ModelConfig (is_moe, layers, k);
     ``weights`` / ``transport``: where the training run publishes (the server pulls from there,
     kind tidal); ``max_lag``: the staleness bound (orchestrator.max_staleness);
-    ``write_folder(model, version)``: writes a version where a vllm/sglang server reloads it."""
+    ``write_folder(model, version)``: writes a version where a vllm/sglang server reloads it;
+    ``api_key``: the server's API key (None: the environment variable engine.remote.api_key_env
+    names)."""
 
     def __init__(self, cfg, tokenizer, model_config, weights: str = "", transport: str = "http",
-                 max_lag: int = 0, router_replay: str = "off", write_folder=None):
+                 max_lag: int = 0, router_replay: str = "off", write_folder=None,
+                 api_key: str | None = None):
         self.cfg, self.tokenizer, self.rcfg = cfg, tokenizer, cfg.remote
+        if api_key is None:
+            api_key = os.environ.get(cfg.remote.api_key_env, "")
+        self._api_key = api_key
         self.kind, self.url = self.rcfg.kind, self.rcfg.url.rstrip("/")
         self.model = SimpleNamespace(config=model_config)
         self.is_moe = model_config.is_moe
@@ -179,7 +188,20 @@ class RemoteEngine:
     async def _open(self) -> aiohttp.ClientSession:
         # requests wait for a turn here, not inside aiohttp's timeout
         self._slots = asyncio.Semaphore(self.rcfg.max_in_flight)
-        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.rcfg.max_in_flight + 4))
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else None
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.rcfg.max_in_flight + 4),
+                                     headers=headers)
+
+    def _refused(self, what: str, status: int, text: str) -> RemoteEngineError:
+        """A 4xx answer; a 401 / 403 says which key to give."""
+        hint = ""
+        if status in (401, 403):
+            sent = "sent none" if not self._api_key else "sent one it did not accept"
+            hint = (f" (this worker {sent}: set the environment variable "
+                    f"{self.rcfg.api_key_env} (engine.remote.api_key_env) to a key of the server; "
+                    "a tidal serve needs an admin key for weight updates)")
+        return RemoteEngineError(f"the inference server at {self.url} (engine.remote.url) refused "
+                                 f"{what} with HTTP {status}{hint}: {text[:300]}")
 
     def _call(self, coro, timeout: float | None = None):
         """Run ``coro`` on the loop thread and wait for it (each call bounds itself)."""
@@ -193,9 +215,7 @@ class RemoteEngine:
         try:
             async with self._session.get(url, timeout=self._timeout(self.rcfg.connect_timeout_s * 3)) as r:
                 if r.status >= 400:
-                    raise RemoteEngineError(f"the inference server at {self.url} (engine.remote.url) "
-                                            f"answered GET {path} with HTTP {r.status}: "
-                                            f"{(await r.text())[:300]}")
+                    raise self._refused(f"GET {path}", r.status, await r.text())
                 return await r.json(content_type=None)
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             raise RemoteEngineError(
@@ -228,8 +248,7 @@ class RemoteEngine:
                 if r.status >= 500:
                     raise _Retryable(f"HTTP {r.status}: {text[:300]}")
                 if r.status >= 400:
-                    raise RemoteEngineError(f"the inference server at {self.url} refused "
-                                            f"POST {path} with HTTP {r.status}: {text[:500]}")
+                    raise self._refused(f"POST {path}", r.status, text)
                 return json.loads(text) if text.strip() else None
         except TimeoutError:  # before OSError: TimeoutError is one
             raise _Retryable(f"no answer within {total_s:g} s") from None

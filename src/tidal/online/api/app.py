@@ -1,12 +1,19 @@
 """The OpenAI-compatible HTTP API (FastAPI): completions, chat, models, feedback, status.
 
-    POST /v1/completions, /v1/chat/completions   (stream: server-sent events, then [DONE])
+    POST /v1/completions, /v1/chat/completions   (stream: server-sent events, then [DONE]; chat
+                                                 takes OpenAI's tools: api/tools.py)
     GET  /v1/models, /v1/models/{id}             the served model; its live version and sha
     POST /v1/feedback                            {"response_id", "index", "signal", "value"}
-    GET  /v1/tidal/status                        routes, per-version counts and latency, refusals
+    GET  /v1/tidal/status                        routes, per-version counts and latency, refusals,
+                                                 tool-call counts (tools.ToolStats)
     POST /v1/tidal/update_weights                {"version", "weights", "transport"}: load a
                                                  training run's version and serve it live
-                                                 (rollout workers; online/update.py)
+                                                 (rollout workers; online/update.py; admin)
+    /v1/tidal/versions..., /v1/tidal/keys...     admin: the registry and ephemeral keys (admin.py)
+
+Every request needs an API key (``Authorization: Bearer``; auth.py), checked from the headers
+before its body is read: 401 without a valid one, 403 where an admin key is needed or the
+feedback is for a response another key received.
 
 Bodies are read by hand (at most the size limit, counted while reading), then validated by the
 strict pydantic models of schemas.py, so every client mistake is one OpenAI-style 4xx body
@@ -21,14 +28,15 @@ import contextlib
 import time
 import uuid
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
-from tidal.online.api import render
-from tidal.online.api.chat import ChatTemplate, ChatTemplateError
+from tidal.online.api import render, tools
+from tidal.online.api.auth import KeyRing, OwnedRecorder, RequireKey, admin_only, principal_of
+from tidal.online.api.chat import END_OF_TURN, ChatTemplate, ChatTemplateError
 from tidal.online.api.errors import (
     ApiError,
     error_response,
@@ -47,12 +55,16 @@ from tidal.online.serving import NotServing, PromptError, Sampling
 
 
 def create_app(cfg: OnlineConfig, policy, recorder, feedback, live_versions=None,
-               updater=None) -> FastAPI:
+               updater=None, *, keys: KeyRing | None, registry=None) -> FastAPI:
     """The API over ``policy`` (a PolicyServer); ``recorder.record(list[ServedResponse])`` and
     ``feedback.submit(FeedbackEvent)`` / ``feedback.retry_after()`` are the store's. With
     ``live_versions`` (-> the registry's VersionRecords), the app polls it every
     ``cfg.serve.poll_s`` and serves what it lists (PolicyServer.refresh). ``updater``: a
-    tidal.online.update.WeightUpdater behind POST /v1/tidal/update_weights (None: 404)."""
+    tidal.online.update.WeightUpdater behind POST /v1/tidal/update_weights (None: 404).
+    ``keys``: the API keys every request must present; None serves everyone (``--no-auth``,
+    which ``tidal serve`` allows on a loopback host only: auth.serving_keys). ``registry``: a
+    VersionRegistry behind the admin routes /v1/tidal/versions (None: 404)."""
+    from tidal.online.api.admin import add_admin_routes
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -70,7 +82,7 @@ def create_app(cfg: OnlineConfig, policy, recorder, feedback, live_versions=None
             policy.stop()
 
     app = FastAPI(title="tidal", lifespan=lifespan, docs_url=None, redoc_url=None)
-    api = _Api(cfg, policy, recorder, feedback, updater)
+    api = _Api(cfg, policy, OwnedRecorder(recorder), feedback, updater)
     app.add_api_route("/v1/models", api.models, methods=["GET"])
     app.add_api_route("/v1/models/{model_id}", api.model, methods=["GET"])
     app.add_api_route("/v1/completions", api.completions, methods=["POST"])
@@ -78,9 +90,12 @@ def create_app(cfg: OnlineConfig, policy, recorder, feedback, live_versions=None
     app.add_api_route("/v1/feedback", api.feedback, methods=["POST"])
     app.add_api_route("/v1/tidal/status", api.status, methods=["GET"])
     if updater is not None:
-        app.add_api_route("/v1/tidal/update_weights", api.update_weights, methods=["POST"])
+        app.add_api_route("/v1/tidal/update_weights", api.update_weights, methods=["POST"],
+                          dependencies=[Depends(admin_only)])
+    add_admin_routes(app, policy, registry, live_versions, keys)
+    app.add_middleware(RequireKey, keys=keys)
     _handlers(app)
-    app.state.api = api
+    app.state.api, app.state.keys = api, keys
     return app
 
 
@@ -141,6 +156,7 @@ class _Api:
         self.updater = updater
         self.tokenizer = policy.tokenizer
         self.template: ChatTemplate = policy.chat or ChatTemplate()
+        self.tool_stats = tools.ToolStats()
 
     # ---------------------------------------------------------------- models, status
 
@@ -161,7 +177,7 @@ class _Api:
         return self._model_card()
 
     async def status(self):
-        return self.policy.status()
+        return {**self.policy.status(), **self.tool_stats.status()}
 
     async def update_weights(self, request: Request):
         req = parse(UpdateWeightsRequest, await read_body(request, self.cfg.serve.max_body_bytes))
@@ -203,11 +219,16 @@ class _Api:
 
     async def chat(self, request: Request):
         req = parse(ChatRequest, await read_body(request, self.cfg.serve.max_body_bytes))
-        messages = [{"role": m.role, "content": m.content if isinstance(m.content, str)
-                     else "".join(p.text for p in m.content),
-                     **({"name": m.name} if m.name else {})} for m in req.messages]
         try:
-            prompt = self.template.render(messages)
+            use = tools.ToolUse.of(**req.model_dump(
+                include={"tools", "tool_choice", "parallel_tool_calls"}, exclude_none=True))
+            messages = tools.template_messages([m.model_dump(exclude_none=True)
+                                                for m in req.messages])
+        except tools.ToolRequestError as e:
+            code = "invalid_messages" if e.param.startswith("messages") else "invalid_tools"
+            raise ApiError(400, str(e), param=e.param, code=code) from None
+        try:
+            prompt = self.template.render(messages, use.tools if use else None)
         except ChatTemplateError as e:
             raise ApiError(400, str(e), param="messages", code="invalid_messages") from None
         top = (req.top_logprobs or 0) if req.logprobs else None
@@ -216,9 +237,9 @@ class _Api:
         max_tokens = req.max_completion_tokens or req.max_tokens
         # A checkpoint's own template writes its BOS itself; the plain one gets tidal's BOS.
         ids = self.tokenizer.encode(prompt, add_bos=self.template.kind == "plain")
-        return await self._generate(req, ids, "chat", "messages", max_tokens, top)
+        return await self._generate(req, ids, "chat", "messages", max_tokens, top, use)
 
-    def _sampling(self, req, max_tokens: int | None) -> Sampling:
+    def _sampling(self, req, max_tokens: int | None, chat: bool = False) -> Sampling:
         serve = self.cfg.serve
         if req.model is not None and req.model != serve.model_name:
             raise self._unknown_model(req.model)
@@ -231,12 +252,15 @@ class _Api:
         stop = [req.stop] if isinstance(req.stop, str) else req.stop
         if stop is None:
             stop = list(self.policy.engine_cfg.stop)
+            if chat and self.template.kind == "plain":  # the plain template's end of a reply
+                stop.append(END_OF_TURN)
         return Sampling(max_tokens or serve.max_tokens, req.temperature, req.top_p, stop, req.seed,
                         req.ignore_eos)
 
     async def _generate(self, req, prompt_ids, endpoint: str, prompt_field: str,
-                        max_tokens: int | None, top: int | None):
-        sampling = self._sampling(req, max_tokens)
+                        max_tokens: int | None, top: int | None,
+                        use: tools.ToolUse | None = None):
+        sampling = self._sampling(req, max_tokens, endpoint == "chat")
         try:
             gen = await self.policy.generate(prompt_ids, sampling, req.n, stream=req.stream)
         except PromptError as e:
@@ -245,7 +269,7 @@ class _Api:
         except NotServing as e:
             raise ApiError(503, str(e), "server_error", code="not_serving") from None
         prefix = "cmpl" if endpoint == "completions" else "chatcmpl"
-        call = _Call(self, req, endpoint, f"{prefix}-{uuid.uuid4().hex}", gen, sampling, top)
+        call = _Call(self, req, endpoint, f"{prefix}-{uuid.uuid4().hex}", gen, sampling, top, use)
         headers = {"X-Tidal-Version": str(gen.version), "X-Tidal-Manifest-Sha256": gen.manifest_sha256}
         if req.stream:
             return StreamingResponse(call.stream(), media_type="text/event-stream",
@@ -264,12 +288,17 @@ class _Api:
         if retry is not None:
             raise ApiError(429, "the learner is behind the served traffic; retry later",
                            "rate_limit_error", code="learner_behind", headers=retry_header(retry))
+        sender = principal_of(request)
         event = FeedbackEvent(response_id=req.response_id, signal=req.signal, index=req.index,
-                              value=req.value, received=time.time())
+                              value=req.value, received=time.time(),
+                              key_id=sender.key_id if sender is not None else None)
         outcome = await self.feedback_sink.submit(event)
         if outcome == "unknown_response":
             raise ApiError(404, f"no response {req.response_id!r} with choice {req.index} was "
                                 "served here", param="response_id", code="unknown_response")
+        if outcome == "not_owner":
+            raise ApiError(403, "feedback on a response is taken only from the API key it was "
+                                "served to", param="response_id", code="not_owner")
         if outcome == "duplicate":
             raise ApiError(409, f"feedback for {req.response_id!r} choice {req.index} was already "
                                 "stored", param="response_id", code="duplicate")
@@ -277,11 +306,15 @@ class _Api:
 
 
 class _Call:
-    """One generation request being answered: the full body, or its stream of chunks."""
+    """One generation request being answered: the full body, or its stream of chunks. With
+    ``use`` (a chat request's tools), each choice's text is read for tool calls (api/tools.py):
+    a reply with calls finishes "tool_calls" (also in its record, whose text and token ids stay
+    what the policy sampled)."""
 
     def __init__(self, api: _Api, req, endpoint: str, response_id: str, gen, sampling: Sampling,
-                 top: int | None):
+                 top: int | None, use: tools.ToolUse | None = None):
         self.api, self.req, self.endpoint, self.id, self.gen = api, req, endpoint, response_id, gen
+        self.tools = use
         self.stop, self.top = sampling.stop, top
         self.temperature = (sampling.temperature if sampling.temperature is not None
                             else api.policy.engine_cfg.temperature)
@@ -305,9 +338,20 @@ class _Call:
         rows = render.served(self.id, self.endpoint, self.gen, results, texts, self.temperature)
         await self.api.recorder.record(rows)
 
+    def _replies(self, texts: list[tuple[str, str]]) -> tuple[list, list[tuple[str, str]]]:
+        """Each choice's parsed reply (None without tools, counted in the server's ToolStats),
+        and its (text, finish_reason) with "tool_calls" where calls came."""
+        if self.tools is None:
+            return [None] * len(texts), texts
+        replies = [self.tools.reply(text) for text, _ in texts]
+        for reply in replies:
+            self.api.tool_stats.count(reply)
+        return replies, [(text, "tool_calls" if reply.calls else finish)
+                         for (text, finish), reply in zip(texts, replies)]
+
     async def complete(self) -> dict:
         results = await self.gen.results()
-        texts = [render.final_text(r, self.stop) for r in results]
+        replies, texts = self._replies([render.final_text(r, self.stop) for r in results])
         await self._record_or_503(results, texts)
         tok = self.api.tokenizer
         choices = []
@@ -315,8 +359,10 @@ class _Call:
             k = render.kept_tokens(tok, r.token_ids, text)
             lp = self._logprobs(r.token_ids[:k], r.logprobs[:k])
             if self.chat:
-                choices.append({"index": i, "message": {"role": "assistant", "content": text},
-                                "logprobs": lp, "finish_reason": finish})
+                message = (replies[i].message if replies[i] is not None
+                           else {"role": "assistant", "content": text})
+                choices.append({"index": i, "message": message, "logprobs": lp,
+                                "finish_reason": finish})
             else:
                 choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": finish,
                                 **self._token_fields(r)})
@@ -352,16 +398,34 @@ class _Call:
         choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": finish}
         return render.sse({**self._envelope("text_completion"), "choices": [choice]})
 
+    def _call_chunks(self, index: int, calls: list[tools.ToolCall]) -> list[bytes]:
+        """Each call as the deltas OpenAI streams: id, type and name (arguments ""), then the
+        arguments, under the call's ``index``."""
+        out = []
+        for k, call in enumerate(calls):
+            for delta in ({"index": k, "id": call.id, "type": "function",
+                           "function": {"name": call.name, "arguments": ""}},
+                          {"index": k, "function": {"arguments": call.arguments_json}}):
+                choice = {"index": index, "delta": {"tool_calls": [delta]}, "logprobs": None,
+                          "finish_reason": None}
+                out.append(render.sse({**self._envelope("chat.completion.chunk"),
+                                       "choices": [choice]}))
+        return out
+
     async def stream(self):
         """Chunks as tokens arrive; the choices' last chunks (finish_reason) only after every
         choice is recorded, then [DONE]."""
         n = len(self.gen.futures)
         texts = [render.StreamText(self.api.tokenizer, self.stop) for _ in range(n)]
+        held = [tools.ToolStream() if self.tools is not None and self.tools.parses else None
+                for _ in range(n)]
         first = [True] * n
         results: list = [None] * n
         try:
             async for event in self.gen.events():
                 new = texts[event.index].add(event.token_ids)
+                if held[event.index] is not None:  # a tool call may be starting: hold it back
+                    new = held[event.index].add(new)
                 if event.result is not None:
                     results[event.index] = event.result
                 if new or first[event.index]:
@@ -372,7 +436,7 @@ class _Call:
             yield render.sse({"error": {"message": str(e), "type": "server_error", "param": None,
                                         "code": None}})
             return
-        finals = [render.final_text(r, self.stop) for r in results]
+        replies, finals = self._replies([render.final_text(r, self.stop) for r in results])
         try:
             await self._record(results, finals)
         except Exception as e:
@@ -381,5 +445,13 @@ class _Call:
                                         "code": "store_unavailable"}})
             return
         for i, (text, finish) in enumerate(finals):
-            yield self._chunk(i, texts[i].finish(text), None, finish, False)
+            if held[i] is None:
+                yield self._chunk(i, texts[i].finish(text), None, finish, False)
+                continue
+            rest = held[i].finish(text, replies[i])
+            if rest:
+                yield self._chunk(i, rest, None, None, False)
+            for chunk in self._call_chunks(i, replies[i].calls):
+                yield chunk
+            yield self._chunk(i, "", None, finish, False)
         yield render.DONE

@@ -37,9 +37,10 @@ TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "json-or-pyt
 
 
 def _is_tag(part: str) -> bool:
-    """pydantic names the union member it tried (``constrained-str``, ``list[int]``) in the
-    location; no field of a body is spelled like that."""
-    return part in TYPE_TAGS or "[" in part or "-" in part or part.startswith("function")
+    """pydantic names the union member it tried (``constrained-str``, ``list[int]``,
+    ``function-after[...]``, a model's class name) in the location; no field of a body is
+    spelled like that."""
+    return part in TYPE_TAGS or "[" in part or "-" in part or part[:1].isupper()
 
 
 def _loc(loc: tuple) -> str:
@@ -67,7 +68,7 @@ def from_validation(err: ValidationError) -> ApiError:
     kind, param = first["type"], _loc(first["loc"]) or None
     if kind == "json_invalid":
         return ApiError(400, f"the body is not valid JSON: {first['msg']}", code="invalid_json")
-    if kind == "model_type" or (kind == "dict_type" and not first["loc"]):
+    if kind in ("model_type", "dict_type") and not param:
         return ApiError(400, "the body must be a JSON object", code="invalid_body")
     if kind == "extra_forbidden":
         return ApiError(400, f"unknown field {param!r}: this server does not support it",

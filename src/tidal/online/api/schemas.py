@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tidal.online.api.chat import ROLES
+from tidal.online.api.tools import TOOL_NAME, check_parameters
 from tidal.online.records import SIGNALS
 
 MAX_STOP = 4
 """Stop strings per request (OpenAI's limit)."""
+MAX_TOOLS = 128
+"""Tools per request (OpenAI's limit)."""
 MAX_SEED = 2**63
 """Seeds are in [0, MAX_SEED) (the harness derives 63-bit seeds: tidal.harness.seeds): choice i
 of a request samples with seed + i."""
@@ -103,10 +106,80 @@ class TextPart(Body):
     text: str
 
 
+class CalledFunction(Body):
+    name: NonEmpty
+    arguments: str
+    """A JSON object as text (OpenAI's shape; api/tools.template_messages parses it)."""
+
+
+class MessageToolCall(Body):
+    """A tool call an earlier assistant message made (as a response returned it)."""
+
+    id: NonEmpty
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(Body):
     role: Literal[ROLES]
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = None
+    """Required, except in an assistant message with tool_calls (then it may be null)."""
     name: str | None = None
+    tool_calls: Annotated[list[MessageToolCall], Field(min_length=1)] | None = None
+    """Assistant messages only: the calls it made."""
+    tool_call_id: NonEmpty | None = None
+    """Tool messages only (and required there): the id of the call this message answers."""
+
+    @model_validator(mode="after")
+    def _tool_fields(self):
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError(f"tool_calls is only for assistant messages, not {self.role!r}")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise ValueError("a tool message needs tool_call_id (the id of the call it answers)"
+                             if self.role == "tool" else
+                             f"tool_call_id is only for tool messages, not {self.role!r}")
+        if self.content is None and self.tool_calls is None:
+            raise ValueError("content is required (null only in an assistant message with "
+                             "tool_calls)")
+        return self
+
+
+class FunctionDef(Body):
+    name: Annotated[str, Field(pattern=TOOL_NAME)]
+    """Letters, digits, _ and -, at most 64 (OpenAI's rule)."""
+    description: str | None = None
+    parameters: dict | None = None
+    """A JSON Schema (checked as draft 2020-12) of the arguments object."""
+    strict: bool | None = None
+    """OpenAI's structured-output promise; tidal does not constrain decoding, so only false or
+    absent is accepted."""
+
+    @field_validator("parameters")
+    @classmethod
+    def _schema(cls, value):
+        return value if value is None else check_parameters(value)
+
+    @field_validator("strict")
+    @classmethod
+    def _not_strict(cls, value):
+        if value:
+            raise ValueError("tidal serve does not constrain decoding to a schema; send strict: "
+                             "false or leave it out")
+        return value
+
+
+class Tool(Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(Body):
+    name: NonEmpty
+
+
+class NamedToolChoice(Body):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatRequest(Sampled):
@@ -115,6 +188,12 @@ class ChatRequest(Sampled):
     """OpenAI's newer name for max_tokens (either may be given)."""
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: Annotated[list[Tool], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
+    """Functions the model may call (api/tools.py: how calls are parsed back)."""
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    """None = "auto" with tools; only with tools."""
+    parallel_tool_calls: bool | None = None
+    """None = true; false keeps a reply's first call only."""
 
 
 class FeedbackRequest(Body):

@@ -54,7 +54,7 @@ def response_row(r: ServedResponse) -> dict:
             "logprobs": pack_floats(r.logprobs), "experts": pack_experts(r.experts),
             "prompt_experts": pack_experts(r.prompt_experts), "text": r.text,
             "finish_reason": r.finish_reason, "temperature": r.temperature,
-            "latency_ms": r.latency_ms, "behaviour": r.behaviour}
+            "latency_ms": r.latency_ms, "behaviour": r.behaviour, "key_id": r.key_id}
 
 
 def response_of(row) -> ServedResponse:
@@ -65,7 +65,8 @@ def response_of(row) -> ServedResponse:
         prompt_ids=unpack_ids(m["prompt_ids"]), token_ids=unpack_ids(m["token_ids"]),
         logprobs=unpack_floats(m["logprobs"]), text=m["text"], finish_reason=m["finish_reason"],
         temperature=m["temperature"], latency_ms=m["latency_ms"], behaviour=m["behaviour"],
-        experts=unpack_experts(m["experts"]), prompt_experts=unpack_experts(m["prompt_experts"]))
+        experts=unpack_experts(m["experts"]), prompt_experts=unpack_experts(m["prompt_experts"]),
+        key_id=m["key_id"])
 
 
 def feedback_row(e: FeedbackEvent) -> dict:

@@ -1,13 +1,15 @@
 """The store's tables (SQLAlchemy Core): what the server served, what users said, the versions.
 
     responses  one row per choice served (ServedResponse); token lists packed little-endian
-               (int32 ids, float64 logprobs: the exact values), expert ids as compact JSON
+               (int32 ids, float64 logprobs: the exact values), expert ids as compact JSON;
+               ``key_id``: the API key it was served to (NULL: served without keys)
     feedback   one row per stored FeedbackEvent; ``seq`` (autoincrement) is the learner's
                cursor; (response_id, index) unique: a second event on one choice is a duplicate
     versions   the version registry (VersionRecord); at most one row has status "live"
     learner    one row (id 1): the learner's cursor (learned_through) and its version
 
-migrations/versions/0001_initial.py creates exactly these (tests/test_online_store.py compares).
+migrations/versions/ (0001_initial.py, then each later revision) create exactly these
+(tests/test_online_store.py compares).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ responses = sa.Table(
     sa.Column("temperature", sa.Float, nullable=False),
     sa.Column("latency_ms", sa.Float, nullable=False),
     sa.Column("behaviour", sa.String(32), nullable=False),
+    sa.Column("key_id", sa.String(64), nullable=True),
     sa.UniqueConstraint("id", "index", name="uq_responses_id_index"),
     sa.Index("ix_responses_version", "version"),
 )

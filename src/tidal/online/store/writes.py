@@ -1,7 +1,8 @@
 """The store's one write path: a batch of operations in ONE transaction, checked per operation.
 
 An operation is ("responses", [ServedResponse, ...]) or ("feedback", [FeedbackEvent, ...]). Each
-gets its own result: None for responses, a FeedbackOutcome per event for feedback, or the
+gets its own result: None for responses, a FeedbackOutcome per event for feedback ("not_owner":
+the response was served to another API key; checked before "duplicate"), or the
 exception that rejected that operation alone (bad input, a response id already stored): the rest
 of the batch is still written. Operations run in order, so feedback on a response recorded
 earlier in the same batch finds it. The unknown / duplicate checks run inside the transaction,
@@ -48,12 +49,15 @@ def _chunks(xs: list, n: int = IN_CHUNK) -> Iterable[list]:
         yield xs[i:i + n]
 
 
-def _keys(conn: sa.Connection, table: sa.Table, id_col: str, ids: set[str]) -> set[tuple[str, int]]:
-    """(id, index) pairs present in table for these ids."""
-    out: set[tuple[str, int]] = set()
+def _keys(conn: sa.Connection, table: sa.Table, id_col: str, ids: set[str],
+          value_col: str | None = None) -> dict[tuple[str, int], Any]:
+    """(id, index) pairs present in table for these ids, each with its ``value_col`` (or None)."""
+    out: dict[tuple[str, int], Any] = {}
     col = table.c[id_col]
+    value = table.c[value_col] if value_col else sa.null()
     for part in _chunks(sorted(ids)):
-        out.update((r[0], r[1]) for r in conn.execute(sa.select(col, table.c.index).where(col.in_(part))))
+        q = sa.select(col, table.c.index, value).where(col.in_(part))
+        out.update(((r[0], r[1]), r[2]) for r in conn.execute(q))
     return out
 
 
@@ -65,7 +69,7 @@ def _write_responses(conn: sa.Connection, ops: list[list[ServedResponse]]) -> li
             rows_of[i] = [response_row(r) for r in rs]
         except (ValueError, TypeError, AttributeError) as err:
             results[i] = ValueError(str(err))
-    taken = _keys(conn, responses, "id", {row["id"] for rows in rows_of.values() for row in rows})
+    taken = set(_keys(conn, responses, "id", {row["id"] for rows in rows_of.values() for row in rows}))
     insert: list[dict] = []
     for i, rows in rows_of.items():
         keys = [(row["id"], row["index"]) for row in rows]
@@ -89,8 +93,8 @@ def _write_feedback(conn: sa.Connection, ops: list[list[FeedbackEvent]]) -> list
         except UserError as err:
             results[i] = err
     ids = {e.response_id for i, evs in enumerate(ops) if results[i] is None for e in evs}
-    known = _keys(conn, responses, "id", ids)
-    seen = _keys(conn, feedback, "response_id", ids)
+    owner = _keys(conn, responses, "id", ids, "key_id")
+    seen = set(_keys(conn, feedback, "response_id", ids))
     insert: list[dict] = []
     for i, evs in enumerate(ops):
         if results[i] is not None:
@@ -98,8 +102,10 @@ def _write_feedback(conn: sa.Connection, ops: list[list[FeedbackEvent]]) -> list
         outcomes = []
         for e in evs:
             key = (e.response_id, e.index)
-            if key not in known:
+            if key not in owner:
                 outcomes.append("unknown_response")
+            elif owner[key] is not None and owner[key] != e.key_id:
+                outcomes.append("not_owner")
             elif key in seen:
                 outcomes.append("duplicate")
             else:
