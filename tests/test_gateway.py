@@ -25,6 +25,8 @@ from tidal.model.tokenizer import HFTokenizer
 from chat_tokenizer import chatml_config, tiny_tokenizer
 
 HARNESS = Path(__file__).parent / "data" / "harness_scripted.py"
+AGENT = Path(__file__).parent.parent / "examples" / "harness_agent.py"
+QWEN_TEMPLATE = (Path(__file__).parent / "data" / "qwen2_5_chat_template.jinja").read_text()
 ANSWER = "```python\ndef f(x):\n    return x + 3\n```"
 
 
@@ -83,7 +85,7 @@ def _run(tok, mode: str, samples: int = 2, **args):
 
 def _history(tok) -> History:
     r = Renderer(tok)
-    return History(r.render, r.encode, tok.end_of_turn_id, r.end_of_turn_text)
+    return History(r.render, r.encode, r.ends_turn, r.end_of_turn_text)
 
 
 def _result(ids):
@@ -214,3 +216,86 @@ def _get(url: str, key: str) -> int:
     except urllib.error.HTTPError as e:
         json.loads(e.read())  # an OpenAI-shaped error body
         return e.code
+
+
+# ------------------------------------------------------------------ the example harness, tools
+
+
+class ToolSampler:
+    """A policy that 'samples' the example agent's two turns: run_python on a snippet, then
+    submit a solution, each ending with the template's end of a reply."""
+
+    def __init__(self, tok, end: list[int]):
+        code = json.dumps({"code": "def f(x):\n    return x\n"})
+        self.turns = [f'<tool_call>\n{{"name": "run_python", "arguments": {{"code": "print(6 * 7)"}}}}\n</tool_call>',
+                      f'<tool_call>\n{{"name": "submit", "arguments": {code}}}\n</tool_call>']
+        self.tok, self.end, self.requests = tok, end, []
+
+    async def generate(self, request) -> GenerationResult:
+        self.requests.append(request)
+        ids = self.tok.encode(self.turns[len(self.requests) - 1]) + self.end
+        return GenerationResult(len(self.requests), list(request.prompt_ids), ids,
+                                [-0.5] * len(ids), [7] * len(ids), None, "eos", "", request.tag)
+
+
+@pytest.mark.parametrize("model", ["byte", "qwen-template"])
+def test_the_example_agent_calls_tools_over_the_gateway(tmp_path, model):
+    """examples/harness_agent.py, unchanged: its run_python call runs, the tool result goes back
+    as a tool message rendered by the template, its submit is graded; both turns extend one
+    segment (the template's tool frame between them), on the byte model's plain template and on
+    a real tool-calling template (Qwen2.5's)."""
+    from tidal.config import load_config
+    from tidal.model.tokenizer import ByteTokenizer
+    from tidal.online.api.chat import END_OF_TURN
+    from tidal.sandbox import Sandbox
+
+    if model == "byte":
+        tok = ByteTokenizer()
+        end = tok.encode(END_OF_TURN)
+    else:
+        tok = HFTokenizer(tiny_tokenizer(tmp_path / "tok", chatml_config(chat_template=QWEN_TEMPLATE)))
+        end = [tok.end_of_turn_id]
+    client = ToolSampler(tok, end)
+    with Sandbox(load_config(None, []).env.sandbox) as sandbox:
+        spec = load_environment("harness", sandbox=sandbox, command=f"{{python}} {AGENT}",
+                                task_args={"prompt_style": "instruct"}, preload=["openai"])
+        [traj], _ = run_episodes(_engine(tok, 4096), spec, spec.sample_tasks(1, 0, False),
+                                 HarnessConfig(), client=client, seed=0)
+    assert traj.info["gateway_turns"] == 2 and traj.info["gateway_history_matched"] == 1
+    assert traj.reason == "wrong_answer" and traj.info["total"] > 0
+    [seg] = traj.segments
+    text = tok.decode(client.requests[1].prompt_ids)
+    assert "42" in text and "run_python" in text  # the tool's output, framed by the template
+    model_ids = [i for i, m in zip(seg.completion_ids, seg.loss_mask) if m]
+    assert model_ids == tok.encode(client.turns[0]) + end + tok.encode(client.turns[1]) + end
+
+
+def test_the_harness_corpus_is_its_conversations_through_the_template(monkeypatch):
+    """corpus_command gets training tasks and prints conversations; each becomes a document in
+    the plain template, the tool calls in the format the gateway parses back."""
+    from tidal.online.api.tools import parse_tool_calls
+
+    monkeypatch.chdir(AGENT.parent.parent)  # relative paths in a command are made absolute
+    spec = load_environment("harness", command="{python} examples/harness_agent.py",
+                            corpus_command="{python} examples/harness_agent.py --corpus",
+                            task_args={"prompt_style": "instruct"})
+    assert str(AGENT) in spec.external.command
+    docs = spec.build_corpus(4, 0)
+    assert len(docs) == 4
+    for doc in docs:
+        assert doc.startswith("<|system|>\n") and "<tools>" in doc and doc.endswith("<|end|>\n")
+        replies = [part.split("<|end|>")[0] for part in doc.split("<|assistant|>\n")[1:]]
+        calls = [parse_tool_calls(r, ["run_python", "write_file", "submit"]).calls for r in replies]
+        assert [c[0].name for c in calls] == ["run_python", "submit"]
+        code = json.loads(calls[1][0].arguments_json)["code"]
+        assert code.startswith("def f(x):")
+    held_out = {t.instruction for t in spec.sample_tasks(200, 0, True)}
+    assert not any(text in doc for doc in docs for text in held_out)  # training tasks only
+
+
+def test_a_corpus_command_that_fails_is_a_clear_error():
+    from tidal.errors import UserError
+
+    spec = load_environment("harness", command="true", corpus_command="{python} -c 'import sys; sys.exit(4)'")
+    with pytest.raises(UserError, match="exited with code 4"):
+        spec.build_corpus(2, 0)

@@ -34,21 +34,31 @@ class GatewayConfig(Section):
     (reason "token_budget")."""
     max_body_bytes: int = Field(1 << 20, ge=1024)
     """Largest request body the gateway reads (a 413 past it)."""
+    corpus_command: str | None = None
+    """The harness's own conversations for mid-training (gateway/corpus.py): a command line
+    that reads the family's training tasks as JSON lines on stdin and prints {"messages",
+    "tools"} lines. None: no corpus (start from a trained model: model.init_from)."""
     preload: list[str] = Field(default_factory=list)
     """Modules a Python harness imports, imported once by a fork server (gateway/zygote.py) that
     forks each episode's harness (the command must start with ``{python}``, this interpreter):
     e.g. ["openai"] saves ~1 s of CPU per episode. Empty: each harness starts afresh."""
 
-    @field_validator("command")
+    @field_validator("command", "corpus_command")
     @classmethod
-    def _command(cls, value: str) -> str:
+    def _command(cls, value: str | None) -> str | None:
+        """Split-checked, with arguments naming files here made absolute (the harness runs in
+        its own workspace folder, and rollout workers may run elsewhere)."""
         import shlex
+        from pathlib import Path
 
+        if value is None:
+            return None
         try:
             argv = shlex.split(value)
         except ValueError as e:
             raise ValueError(f"cannot split {value!r} into arguments: {e}") from None
         if not argv:
             raise ValueError("is empty: give the harness's command line, e.g. "
-                             "'python examples/harness_agent.py'")
-        return value
+                             "'{python} examples/harness_agent.py'")
+        return shlex.join(str(Path(a).resolve()) if not Path(a).is_absolute() and Path(a).is_file()
+                          else a for a in argv)

@@ -20,4 +20,10 @@ def load_environment(sandbox=None, config: GatewayConfig | None = None) -> Envir
         raise UserError("env.args.tasks names the family whose tasks the harness solves; it "
                         "cannot be 'harness' itself")
     family = load_family(config.tasks, sandbox=sandbox, **config.task_args)
-    return replace(family, name=f"harness:{family.name}", external=config)
+    corpus = None
+    if config.corpus_command is not None:
+        from tidal.gateway.corpus import build_corpus
+
+        def corpus(n_docs: int, seed: int) -> list[str]:
+            return build_corpus(config, family, n_docs, seed)
+    return replace(family, name=f"harness:{family.name}", external=config, build_corpus=corpus)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidal.harness.segments import SegmentBuilder
+from tidal.online.api.tools import template_messages
 
 MARK = "\x00TIDAL-REPLY\x00"
 """Stands in for an assistant reply's content when finding what a template writes after it."""
@@ -60,20 +61,6 @@ def _arguments(value: Any) -> Any:
     return value
 
 
-def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages as chat templates take them (transformers' and vLLM's convention): tool call
-    arguments as objects, not JSON strings; null content as ""."""
-    out = []
-    for m in messages:
-        m = {k: v for k, v in m.items() if v is not None}
-        m.setdefault("content", "")
-        if m.get("tool_calls"):
-            m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": _arguments(
-                c["function"].get("arguments"))}} for c in m["tool_calls"]]
-        out.append(m)
-    return out
-
-
 @dataclass
 class ServedTurn:
     messages: list[dict[str, Any]]
@@ -105,13 +92,12 @@ class History:
 
     render(messages, tools, add_generation_prompt) -> text is the chat template; encode(text,
     whole) -> ids encodes template text (special tokens to their ids; ``whole``: a prompt from
-    its start, with what a prompt begins with); ``end_of_turn`` is the token a reply ends with
-    and its text in the template ("" where it has none)."""
+    its start, with what a prompt begins with); ends_turn(ids) says whether sampled ids end
+    with the end of a reply, whose text in the template is ``end_of_turn_text``."""
 
-    def __init__(self, render, encode, end_of_turn_id: int | None, end_of_turn_text: str,
-                 no_experts=None):
-        self.render, self.encode = render, encode
-        self.eot_id, self.eot_text = end_of_turn_id, end_of_turn_text
+    def __init__(self, render, encode, ends_turn, end_of_turn_text: str, no_experts=None):
+        self.render, self.encode, self.ends_turn = render, encode, ends_turn
+        self.eot_text = end_of_turn_text
         self.no_experts = no_experts
         self.turns: list[ServedTurn] = []
         self.segments: list[SegmentBuilder] = []
@@ -167,12 +153,11 @@ class History:
 
     def _closing(self, through_messages, tools, through: str, turn: ServedTurn) -> str | None:
         """What the template writes after the reply's sampled part: its turn closing (e.g.
-        "<|im_end|>\\n"), less the end-of-turn token when the model sampled it."""
+        "<|im_end|>\\n"), less the end of the reply when the model sampled it."""
         after = self._after_reply(through_messages, tools)
         if after is None or not through.endswith(after):
             return None
-        ended = bool(turn.sampled) and turn.sampled[-1] == self.eot_id
-        if ended and self.eot_text and after.startswith(self.eot_text):
+        if self.ends_turn(turn.sampled) and after.startswith(self.eot_text):
             return after[len(self.eot_text):]
         return after
 

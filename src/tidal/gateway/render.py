@@ -3,8 +3,8 @@
 A checkpoint with a chat template renders through transformers' ``apply_chat_template`` (the
 tokenizer's ``render_chat``), tools included, exactly as the model was trained to read it.
 tidal's byte model has no template: it uses the documented plain template of ``tidal serve``
-(tidal.online.api.chat), tools in its Hermes-style default format, and ends a reply with its eos
-token, which has no text."""
+(tidal.online.api.chat), tools in its Hermes-style default format, where a reply ends with the
+text ``<|end|>`` (a stop string) instead of a special token."""
 
 from __future__ import annotations
 
@@ -15,8 +15,18 @@ class Renderer:
     def __init__(self, tokenizer):
         self.tok = tokenizer
         self.templated = bool(getattr(tokenizer, "has_chat_template", False))
-        self.end_of_turn_text = tokenizer.end_of_turn_token if self.templated else ""
-        """The end-of-turn token's text in the template ("" for the plain template)."""
+        from tidal.online.api.chat import END_OF_TURN
+
+        self.end_of_turn_text = tokenizer.end_of_turn_token if self.templated else END_OF_TURN
+        """What ends a reply in the template's text."""
+        self.stop: list[str] = [] if self.templated else [END_OF_TURN]
+        """The engine's stop strings for a reply (a templated reply ends at its eos token)."""
+
+    def ends_turn(self, ids: list[int]) -> bool:
+        """Whether sampled ``ids`` end with the end of a reply (a turn cut short does not)."""
+        if self.templated:
+            return bool(ids) and ids[-1] == self.tok.end_of_turn_id
+        return self.tok.decode(ids).endswith(self.end_of_turn_text)
 
     def render(self, messages: list[dict[str, Any]], tools, add_generation_prompt: bool) -> str:
         if self.templated:

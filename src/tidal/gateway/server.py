@@ -24,8 +24,6 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
-
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import Field
@@ -38,7 +36,9 @@ from tidal.gateway.render import Renderer
 from tidal.harness.seeds import derive_seed
 from tidal.online.api.app import parse, read_body
 from tidal.online.api.errors import ApiError, error_response
+from tidal.online.api.render import cut_at_stop
 from tidal.online.api.schemas import Body, ChatRequest
+from tidal.online.api.tools import ToolRequestError, ToolUse, template_messages
 
 
 class AnswerRequest(Body):
@@ -117,8 +117,8 @@ class Gateway:
 
     def open(self, index: int, seed: int | None) -> Channel:
         """A new episode's channel and key."""
-        history = History(self.renderer.render, self.renderer.encode, self.tok.end_of_turn_id,
-                          self.renderer.end_of_turn_text, self.no_experts)
+        r = self.renderer
+        history = History(r.render, r.encode, r.ends_turn, r.end_of_turn_text, self.no_experts)
         channel = Channel(secrets.token_urlsafe(24), index, seed, history)
         self.channels[channel.key] = channel
         return channel
@@ -193,7 +193,14 @@ class Gateway:
         if req.n != 1:
             raise ApiError(400, "the gateway samples one choice per request (n = 1)", param="n")
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        tools = _tools(req)
+        try:
+            use = ToolUse.of(**req.model_dump(
+                include={"tools", "tool_choice", "parallel_tool_calls"}, exclude_none=True))
+            template_messages(messages)  # checks tool messages and call arguments
+        except ToolRequestError as e:
+            raise ApiError(400, str(e), param=e.param, code="invalid_messages"
+                           if e.param.startswith("messages") else "invalid_tools") from None
+        tools = use.tools if use else None
         max_new = self._budget(channel, req)
         try:
             placement = channel.history.place(messages, tools)
@@ -209,13 +216,14 @@ class Gateway:
         seed = None if channel.seed is None else derive_seed(channel.seed, channel.turns)
         engine_start = time.perf_counter()
         result = await self.client.generate(GenerationRequest(
-            prompt_ids=placement.prompt_ids, max_new_tokens=min(max_new, room), stop=[],
+            prompt_ids=placement.prompt_ids, max_new_tokens=min(max_new, room),
+            stop=self.renderer.stop,
             tag=(channel.index, "turn"), seed=seed))
         engine_s = time.perf_counter() - engine_start
         channel.turns += 1
         channel.model_tokens += len(result.token_ids)
-        text = self.tok.decode(result.token_ids)
-        message, finish = self._reply(channel, text, tools, req, result)
+        text = cut_at_stop(self.tok.decode(result.token_ids), self.renderer.stop)[0]
+        message, finish = self._reply(channel, text, use, result)
         channel.history.record(placement, messages, tools, result, message)
         body = self._completion(message, finish, placement.prompt_ids, result)
         channel.overhead_ms.append((time.perf_counter() - start - engine_s) * 1000)
@@ -237,24 +245,15 @@ class Gateway:
         asked = req.max_completion_tokens or req.max_tokens or self.engine_cfg.max_new_tokens
         return min(asked, left)
 
-    def _reply(self, channel: Channel, text: str, tools, req, result) -> tuple[dict, str]:
-        """The assistant message (content and parsed tool calls) and its finish reason."""
+    def _reply(self, channel: Channel, text: str, use: ToolUse | None, result) -> tuple[dict, str]:
+        """The assistant message (content and parsed tool calls) and its finish reason; a call
+        that does not parse comes back as content and is counted."""
         finish = "length" if result.finish_reason == "length" else "stop"
-        if not tools or _choice(req) == "none":
+        if use is None:
             return {"role": "assistant", "content": text}, finish
-        from tidal.online.api.tools import parse_tool_calls
-
-        parsed = parse_tool_calls(text, {t["function"]["name"] for t in tools})
-        if parsed.malformed:
-            channel.malformed_calls += 1
-        calls = parsed.calls if getattr(req, "parallel_tool_calls", True) is not False else parsed.calls[:1]
-        if not calls:
-            return {"role": "assistant", "content": parsed.content if parsed.malformed is None
-                    else text}, finish
-        return {"role": "assistant", "content": parsed.content or None,
-                "tool_calls": [{"id": c.id, "type": "function",
-                                "function": {"name": c.name, "arguments": c.arguments}}
-                               for c in calls]}, "tool_calls"
+        parsed = use.reply(text)
+        channel.malformed_calls += parsed.malformed is not None
+        return parsed.message, "tool_calls" if parsed.calls else finish
 
     def _completion(self, message: dict, finish: str, prompt_ids, result) -> dict:
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
@@ -264,18 +263,6 @@ class Gateway:
                 "usage": {"prompt_tokens": len(prompt_ids),
                           "completion_tokens": len(result.token_ids),
                           "total_tokens": len(prompt_ids) + len(result.token_ids)}}
-
-
-def _tools(req) -> list[dict[str, Any]] | None:
-    tools = getattr(req, "tools", None)
-    if not tools:
-        return None
-    return [t if isinstance(t, dict) else t.model_dump(exclude_none=True) for t in tools]
-
-
-def _choice(req) -> Any:
-    choice = getattr(req, "tool_choice", None)
-    return choice if isinstance(choice, (str, type(None))) else "named"
 
 
 async def _stream(body: dict):
