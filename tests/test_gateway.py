@@ -299,3 +299,20 @@ def test_a_corpus_command_that_fails_is_a_clear_error():
     spec = load_environment("harness", command="true", corpus_command="{python} -c 'import sys; sys.exit(4)'")
     with pytest.raises(UserError, match="exited with code 4"):
         spec.build_corpus(2, 0)
+
+
+def test_a_steps_gateway_metrics_count_matched_history(tok):
+    """gateway/* keys of a step: a faithful harness matches every later turn, an editing one
+    none; steps of native environments have no gateway keys."""
+    from tidal.orchestrator.loop import rollout_metrics
+
+    faithful, _ = _run(tok, "answer", samples=1)
+    editing, _ = _run(tok, "edit", samples=1)
+    both = rollout_metrics(faithful + editing).to_json()
+    assert both["gateway/turns"] == 2.0 and both["gateway/history_match_fraction"] == 0.5
+    assert both["gateway/new_segments"] == 1.5
+    assert rollout_metrics(faithful).to_json()["gateway/history_match_fraction"] == 1.0
+    native = [t for t in faithful]
+    for t in native:
+        t.info = {k: v for k, v in t.info.items() if not k.startswith("gateway_")}
+    assert not any(k.startswith("gateway/") for k in rollout_metrics(native).to_json())

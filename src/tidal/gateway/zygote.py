@@ -132,12 +132,20 @@ class Zygote:
                 child.pid = msg["pid"]
                 child.started.set()
             else:
-                child.loop.call_soon_threadsafe(_resolve, child.exited, msg["exit"])
+                _post(child, msg["exit"])
         with self._lock:  # the zygote died: every child it had counts as crashed
             orphans, self._children = list(self._children.values()), {}
         for child in orphans:
             child.started.set()
-            child.loop.call_soon_threadsafe(_resolve, child.exited, -1)
+            _post(child, -1)
+
+
+def _post(child: ZygoteChild, code: int) -> None:
+    """Resolve ``child.exited`` on its event loop (gone if its rollout call already ended)."""
+    try:
+        child.loop.call_soon_threadsafe(_resolve, child.exited, code)
+    except RuntimeError:  # the loop is closed: nobody waits for this exit any more
+        pass
 
 
 def _resolve(future: asyncio.Future, value) -> None:

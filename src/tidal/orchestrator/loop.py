@@ -49,6 +49,7 @@ from tidal.config import TidalConfig
 from tidal.env import EnvironmentSpec
 from tidal.fleet.config import placement_of
 from tidal.fsutil import write_text_atomic
+from tidal.gateway.metrics import GatewayMeans
 from tidal.hardware import cpu_facts
 from tidal.integrity.policy import apply_policy
 from tidal.orchestrator import guard
@@ -153,6 +154,7 @@ def rollout_metrics(trajs: list[Trajectory]) -> RolloutMetrics:
         pass_rate=sum(t.solved for t in trajs) / len(trajs) if trajs else 0.0,
         reasons=dict(Counter(t.reason for t in trajs)),
         episode=EpisodeMeans.of(trajs),
+        gateway=GatewayMeans.of(trajs),
     )
 
 

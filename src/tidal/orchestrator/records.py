@@ -73,11 +73,16 @@ class RolloutMetrics:
     """Trajectories by Trajectory.reason ("pass", "wrong_answer", "turn_budget", ...)."""
     episode: EpisodeMeans | None
     """Harness statistics per episode; None (no episode/ keys) when nothing was trained."""
+    gateway: Any = None
+    """tidal.gateway.metrics.GatewayMeans of episodes run by an outside harness (gateway/ keys),
+    else None."""
 
     def to_json(self) -> dict[str, Any]:
-        out = _plain(self, skip=("episode",))
+        out = _plain(self, skip=("episode", "gateway"))
         if self.episode is not None:
             out |= {f"episode/{k}": v for k, v in _plain(self.episode).items()}
+        if self.gateway is not None:
+            out |= {f"gateway/{k}": v for k, v in _plain(self.gateway).items()}
         return out
 
 
