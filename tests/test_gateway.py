@@ -139,13 +139,13 @@ def test_a_reply_cut_by_its_token_limit_is_closed_by_the_template(tok):
 
 
 def test_tool_call_arguments_compare_as_values_not_as_text():
-    from tidal.gateway.history import normal_message
+    from tidal.online.api.tools import template_messages
 
     a = {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1, "b": 2}'}}]}
     b = {"role": "assistant", "content": "", "refusal": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"b":2,"a":1}'}}]}
-    assert normal_message(a) == normal_message(b)
+    assert template_messages([a]) == template_messages([b])
 
 
 # ------------------------------------------------------------------ whole episodes

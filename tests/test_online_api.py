@@ -4,14 +4,11 @@ tokenizer, served by the real app under uvicorn on a free port."""
 
 import http.client
 import json
-import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
-import uvicorn
 
 from tidal.engine.config import EngineConfig
 from tidal.model.presets import preset
@@ -25,6 +22,8 @@ from tidal.online.memory import MemoryStore
 from tidal.online.records import VersionRecord
 from tidal.online.serving import PolicyServer
 from tidal.online.weights import VersionLoader, publish_model
+
+from app_thread import AppThread
 
 TOK = ByteTokenizer()
 MAX_SEQ = 96
@@ -64,14 +63,8 @@ class Served:
 
     def start(self, **app_kw):
         app = create_app(self.cfg, self.policy, self.store, self.store, keys=self.keys, **app_kw)
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.01)
+        self.app_thread = AppThread(app)
+        self.port = self.app_thread.port
         self.client = self.client_with(USER_KEY)
 
     def client_with(self, key: str) -> openai.OpenAI:
@@ -96,8 +89,7 @@ class Served:
             return r.status, dict(r.getheaders()), data.decode(errors="replace")
 
     def close(self):
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
+        self.app_thread.stop()
         self.loader.close()
 
 

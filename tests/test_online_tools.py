@@ -8,15 +8,11 @@ returns chosen texts as token ids, streamed a few tokens per event, when a scrip
 
 import asyncio
 import json
-import socket
-import threading
-import time
 import urllib.request
 from pathlib import Path
 
 import openai
 import pytest
-import uvicorn
 
 from chat_tokenizer import chatml_config, tiny_tokenizer
 from tidal.engine.config import EngineConfig
@@ -38,6 +34,8 @@ from tidal.online.memory import MemoryStore
 from tidal.online.records import VersionRecord
 from tidal.online.serving import Generation, PolicyServer, StreamEvent
 from tidal.online.weights import VersionLoader, publish_model
+
+from app_thread import AppThread
 
 TOK = ByteTokenizer()
 QWEN_TEMPLATE = (Path(__file__).parent / "data" / "qwen2_5_chat_template.jinja").read_text()
@@ -204,14 +202,8 @@ class Served:
         self.store = MemoryStore()
         cfg = OnlineConfig.model_validate({"serve": {"max_tokens": 64, "max_n": 4}})
         app = create_app(cfg, self.policy, self.store, self.store, keys=None)
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.01)
-        base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        self.app_thread = AppThread(app)
+        base = f"http://127.0.0.1:{self.app_thread.port}"
         self.client = openai.OpenAI(api_key="unused", base_url=f"{base}/v1", max_retries=0)
         self.status_url = f"{base}/v1/tidal/status"
 
@@ -224,8 +216,7 @@ class Served:
             return json.loads(r.read())
 
     def close(self):
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
+        self.app_thread.stop()
         self.loader.close()
 
 

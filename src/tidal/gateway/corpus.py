@@ -39,19 +39,20 @@ def build_corpus(cfg: GatewayConfig, family: EnvironmentSpec, n_docs: int, seed:
     if done.returncode != 0:
         raise UserError(f"env.args.corpus_command {cfg.corpus_command!r} exited with code "
                         f"{done.returncode}; its stderr ends: {done.stderr[-1500:]}")
-    return [render_conversation(line, n) for n, line in enumerate(done.stdout.splitlines(), 1)
-            if line.strip()]
-
-
-def render_conversation(line: str, number: int) -> str:
-    """One {"messages", "tools"} line as the plain template renders it (no generation prompt)."""
     from tidal.online.api.chat import ChatTemplate
 
+    plain = ChatTemplate()
+    return [render_conversation(plain, line, n)
+            for n, line in enumerate(done.stdout.splitlines(), 1) if line.strip()]
+
+
+def render_conversation(template, line: str, number: int) -> str:
+    """One {"messages", "tools"} line as ``template`` renders it (no generation prompt)."""
     try:
         conv = json.loads(line)
         messages, tools = conv["messages"], conv.get("tools")
-        return ChatTemplate().render(template_messages(messages), tools=tools,
-                                     add_generation_prompt=False)
+        return template.render(template_messages(messages), tools=tools,
+                               add_generation_prompt=False)
     except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"line {number} of env.args.corpus_command's output is not a "
                         f'{{"messages": [...], "tools": [...]}} conversation: {e}') from None

@@ -101,21 +101,21 @@ class HarnessEpisode:
     async def _launch(self, env: dict, task_file: Path, workspace: Path) -> "Harness":
         """The harness's process: forked from the zygote (env.args.preload, a ``{python}``
         command), else started afresh."""
-        argv = shlex.split(self.cfg.command)
+        argv = harness_argv(self.cfg.command)
         log_file = workspace / LOG_FILE
-        if self.cfg.preload and argv[0] == "{python}":
+        if self.cfg.preload and argv[0] == sys.executable:
             from tidal.gateway.zygote import zygote
 
             child = zygote(tuple(self.cfg.preload)).spawn(
-                harness_argv(self.cfg.command), str(workspace), env, str(task_file), str(log_file))
+                argv, str(workspace), env, str(task_file), str(log_file))
             if not await asyncio.to_thread(child.started.wait, 30) or child.pid is None:
                 raise RuntimeError("the harness fork server did not start a harness")
-            return Harness(child.pid, child.exited, None)
+            return Harness(child.pid, child.exited)
         with open(task_file, "rb") as stdin, open(log_file, "wb") as out:
             proc = await asyncio.create_subprocess_exec(
-                *harness_argv(self.cfg.command), cwd=workspace, env=env, stdin=stdin, stdout=out,
-                stderr=out, start_new_session=True)
-        return Harness(proc.pid, proc.wait(), proc)
+                *argv, cwd=workspace, env=env, stdin=stdin, stdout=out, stderr=out,
+                start_new_session=True)
+        return Harness(proc.pid, proc.wait())
 
     # ------------------------------------------------------------------ the reward
 
@@ -170,8 +170,8 @@ class HarnessEpisode:
 class Harness:
     """A running harness: its process group and its exit."""
 
-    def __init__(self, pid: int, exited, proc: asyncio.subprocess.Process | None):
-        self.pid, self.proc = pid, proc
+    def __init__(self, pid: int, exited):
+        self.pid = pid
         self.exited = asyncio.ensure_future(exited)
 
     async def stop(self) -> None:

@@ -21,7 +21,6 @@ segment from the full rendering (``new_segment``), as self-summarization does. B
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,44 +31,15 @@ MARK = "\x00TIDAL-REPLY\x00"
 """Stands in for an assistant reply's content when finding what a template writes after it."""
 
 
-def normal_message(message: dict[str, Any]) -> dict[str, Any]:
-    """A chat message reduced to what the template renders, for comparing a request's history
-    with what was served: content as one string ("" for none), tool calls as (id, name, parsed
-    arguments), OpenAI's echo-only fields (refusal, annotations, audio) dropped."""
-    content = message.get("content")
-    if isinstance(content, list):
-        content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    out: dict[str, Any] = {"role": message.get("role"), "content": content or ""}
-    calls = message.get("tool_calls") or []
-    if calls:
-        out["tool_calls"] = [(c.get("id"), c.get("function", {}).get("name"),
-                              _arguments(c.get("function", {}).get("arguments")))
-                             for c in calls]
-    for key in ("tool_call_id", "name"):
-        if message.get(key):
-            out[key] = message[key]
-    return out
-
-
-def _arguments(value: Any) -> Any:
-    """Arguments as a value: a JSON string parsed (key order and spacing do not matter)."""
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
-
-
 @dataclass
 class ServedTurn:
     messages: list[dict[str, Any]]
-    """The request's messages, normalised (normal_message)."""
+    """The request's messages (as templates take them: tools.template_messages)."""
     tools: Any
     context: list[int]
     """The prompt ids the engine was given."""
     reply: dict[str, Any]
-    """The assistant message returned, normalised."""
+    """The assistant message returned, in the same form."""
     sampled: list[int]
     """The ids the engine sampled for it."""
     segment: int
@@ -88,7 +58,10 @@ class Placement:
 
 
 class History:
-    """One episode's served turns and segments (see the module docstring).
+    """One episode's served turns and segments (see the module docstring). Messages come as
+    templates take them (tools.template_messages: content one string, tool-call arguments
+    parsed), so comparing them compares what the template renders, whatever the harness's JSON
+    spacing, key order or OpenAI's echo-only fields.
 
     render(messages, tools, add_generation_prompt) -> text is the chat template; encode(text,
     whole) -> ids encodes template text (special tokens to their ids; ``whole``: a prompt from
@@ -106,16 +79,16 @@ class History:
 
     def place(self, messages: list[dict[str, Any]], tools: Any) -> Placement:
         """The prompt for a request (without recording it: ``record`` does, after generation)."""
-        norm = [normal_message(m) for m in messages]
         for turn in reversed(self.turns):
-            tail = self._extension(turn, messages, norm, tools)
+            tail = self._extension(turn, messages, tools)
             if tail is None:
                 continue
-            seg = self.segments[turn.segment]
-            if seg.context() == turn.context + turn.sampled:  # the newest context of its segment
+            # the turn ends its segment's newest context (segments only grow), or the request
+            # branches from an older turn: a new segment
+            if len(self.segments[turn.segment]) == len(turn.context) + len(turn.sampled):
                 return Placement(turn.context + turn.sampled + tail, turn.segment, tail, True)
-            break  # a branch from an older turn: a new segment
-        ids = self.encode(self.render(template_messages(messages), tools, True), True)
+            break
+        ids = self.encode(self.render(messages, tools, True), True)
         return Placement(ids, len(self.segments), ids, False)
 
     def record(self, placement: Placement, messages, tools, result, reply: dict[str, Any]) -> None:
@@ -130,20 +103,19 @@ class History:
             self.segments.append(seg)
             self.new_segments += 1
         seg.add_model(result, turn=True)
-        self.turns.append(ServedTurn([normal_message(m) for m in messages], tools,
-                                     placement.prompt_ids, normal_message(reply),
-                                     list(result.token_ids), placement.segment))
+        self.turns.append(ServedTurn(list(messages), tools, placement.prompt_ids,
+                                     template_messages([reply])[0], list(result.token_ids),
+                                     placement.segment))
 
-    def _extension(self, turn: ServedTurn, messages, norm, tools) -> list[int] | None:
+    def _extension(self, turn: ServedTurn, messages, tools) -> list[int] | None:
         """The template's ids after ``turn``'s sampled reply up to M's generation prompt, or None
         when M does not extend ``turn``."""
         k = len(turn.messages)
-        if tools != turn.tools or len(norm) <= k + 1 or norm[:k] != turn.messages:
+        if (tools != turn.tools or len(messages) <= k + 1 or messages[:k] != turn.messages
+                or messages[k] != turn.reply):
             return None
-        if norm[k] != turn.reply:
-            return None
-        through = self.render(template_messages(messages[: k + 1]), tools, False)
-        full = self.render(template_messages(messages), tools, True)
+        through = self.render(messages[: k + 1], tools, False)
+        full = self.render(messages, tools, True)
         if not full.startswith(through):
             return None  # the template renders earlier turns differently once more follow
         closing = self._closing(messages[: k + 1], tools, through, turn)
@@ -163,7 +135,7 @@ class History:
 
     def _after_reply(self, through_messages, tools) -> str | None:
         """The text the template writes after an assistant message's content (a marked render)."""
-        marked = template_messages(through_messages[:-1]) + [{"role": "assistant", "content": MARK}]
+        marked = through_messages[:-1] + [{"role": "assistant", "content": MARK}]
         text = self.render(marked, tools, False)
         if MARK not in text:
             return None

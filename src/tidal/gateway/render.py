@@ -15,8 +15,10 @@ class Renderer:
     def __init__(self, tokenizer):
         self.tok = tokenizer
         self.templated = bool(getattr(tokenizer, "has_chat_template", False))
-        from tidal.online.api.chat import END_OF_TURN
+        from tidal.online.api.chat import END_OF_TURN, ChatTemplate
 
+        self.plain = ChatTemplate()
+        """tidal's plain template (used without a checkpoint template)."""
         self.end_of_turn_text = tokenizer.end_of_turn_token if self.templated else END_OF_TURN
         """What ends a reply in the template's text."""
         self.stop: list[str] = [] if self.templated else [END_OF_TURN]
@@ -29,12 +31,10 @@ class Renderer:
         return self.tok.decode(ids).endswith(self.end_of_turn_text)
 
     def render(self, messages: list[dict[str, Any]], tools, add_generation_prompt: bool) -> str:
+        """``messages`` as templates take them (tools.template_messages) through the template."""
         if self.templated:
             return self.tok.render_chat(messages, tools, add_generation_prompt)
-        from tidal.online.api.chat import ChatTemplate
-
-        return ChatTemplate().render(messages, tools=tools,
-                                     add_generation_prompt=add_generation_prompt)
+        return self.plain.render(messages, tools, add_generation_prompt)
 
     def encode(self, text: str, whole: bool) -> list[int]:
         """Template text as ids; ``whole`` (a prompt from the start): the plain template's BOS

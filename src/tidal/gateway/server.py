@@ -20,10 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
+
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import Field
@@ -34,11 +34,12 @@ from tidal.gateway.config import GatewayConfig
 from tidal.gateway.history import History
 from tidal.gateway.render import Renderer
 from tidal.harness.seeds import derive_seed
-from tidal.online.api.app import parse, read_body
+from tidal.online.api.app import chat_request, parse, read_body
+from tidal.online.api.auth import KeyRing, key_id
 from tidal.online.api.errors import ApiError, error_response
-from tidal.online.api.render import cut_at_stop
+from tidal.online.api.render import DONE, cut_at_stop, sse
 from tidal.online.api.schemas import Body, ChatRequest
-from tidal.online.api.tools import ToolRequestError, ToolUse, template_messages
+from tidal.online.api.tools import ParsedReply, ToolCall, ToolUse, call_deltas
 
 
 class AnswerRequest(Body):
@@ -84,7 +85,10 @@ class Gateway:
         self.client, self.tok, self.engine_cfg, self.cfg = client, tokenizer, engine_cfg, cfg
         self.window, self.no_experts = window, no_experts
         self.renderer = Renderer(tokenizer)
+        self.keys = KeyRing()
+        """Each open episode's key (issued at open, revoked at close)."""
         self.channels: dict[str, Channel] = {}
+        """Open episodes by their key's key_id."""
         self.app = self._app()
         self._server = None
         self._task: asyncio.Task | None = None
@@ -119,13 +123,14 @@ class Gateway:
         """A new episode's channel and key."""
         r = self.renderer
         history = History(r.render, r.encode, r.ends_turn, r.end_of_turn_text, self.no_experts)
-        channel = Channel(secrets.token_urlsafe(24), index, seed, history)
-        self.channels[channel.key] = channel
+        channel = Channel(self.keys.issue(f"episode-{index}", None), index, seed, history)
+        self.channels[key_id(channel.key)] = channel
         return channel
 
     def close(self, channel: Channel) -> None:
         """The episode is over: its key stops working."""
-        self.channels.pop(channel.key, None)
+        self.keys.revoke(channel.key)
+        self.channels.pop(key_id(channel.key), None)
         channel.done.set()
 
     # ------------------------------------------------------------------ the app
@@ -148,13 +153,9 @@ class Gateway:
         return app
 
     def _channel(self, request: Request) -> Channel:
-        header = request.headers.get("authorization", "")
-        scheme, _, key = header.partition(" ")
-        channel = self.channels.get(key.strip()) if scheme.lower() == "bearer" else None
-        if channel is None:
-            raise ApiError(401, "no valid episode key: send the OPENAI_API_KEY this episode was "
-                                "started with (keys expire when their episode ends)",
-                           code="invalid_api_key")
+        """The episode of the request's key (a 401 for any other key: keys die with their
+        episode)."""
+        channel = self.channels[self.keys.authenticate(request.headers.get("authorization")).key_id]
         if channel.ended is not None:
             raise ApiError(409, f"this episode has ended ({channel.ended})", code="episode_ended")
         return channel
@@ -165,26 +166,28 @@ class Gateway:
                                             "owned_by": "tidal"}]}
 
     async def answer(self, request: Request):
-        channel = self._channel(request)
-        if self.cfg.reward != "grade":
-            raise ApiError(400, "this run takes the harness's reward (env.args.reward = "
-                                "'harness'): post it to /v1/tidal/reward", code="wrong_endpoint")
-        req = parse(AnswerRequest, await read_body(request, self.cfg.max_body_bytes))
+        channel, req = await self._final(request, "grade", AnswerRequest)
         channel.answer = req.answer
         channel.end("answered")
         return {"status": "stored"}
 
     async def reward(self, request: Request):
-        channel = self._channel(request)
-        if self.cfg.reward != "harness":
-            raise ApiError(400, "this run grades the answer itself (env.args.reward = 'grade'): "
-                                "post the answer to /v1/tidal/answer", code="wrong_endpoint")
-        req = parse(RewardRequest, await read_body(request, self.cfg.max_body_bytes))
+        channel, req = await self._final(request, "harness", RewardRequest)
         if not math.isfinite(req.reward):
             raise ApiError(400, "reward must be a finite number", param="reward")
         channel.reward = (req.reward, req.reason)
         channel.end("reward_posted")
         return {"status": "stored"}
+
+    async def _final(self, request: Request, mode: str, body: type):
+        """(channel, body) of an episode's last word, which only the run's env.args.reward
+        ``mode`` takes."""
+        channel = self._channel(request)
+        if self.cfg.reward != mode:
+            other = {"grade": "/v1/tidal/answer", "harness": "/v1/tidal/reward"}[self.cfg.reward]
+            raise ApiError(400, f"this run has env.args.reward = {self.cfg.reward!r}: post to "
+                                f"{other}", code="wrong_endpoint")
+        return channel, parse(body, await read_body(request, self.cfg.max_body_bytes))
 
     async def chat(self, request: Request):
         start = time.perf_counter()
@@ -192,14 +195,7 @@ class Gateway:
         req = parse(ChatRequest, await read_body(request, self.cfg.max_body_bytes))
         if req.n != 1:
             raise ApiError(400, "the gateway samples one choice per request (n = 1)", param="n")
-        messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        try:
-            use = ToolUse.of(**req.model_dump(
-                include={"tools", "tool_choice", "parallel_tool_calls"}, exclude_none=True))
-            template_messages(messages)  # checks tool messages and call arguments
-        except ToolRequestError as e:
-            raise ApiError(400, str(e), param=e.param, code="invalid_messages"
-                           if e.param.startswith("messages") else "invalid_tools") from None
+        use, messages = chat_request(req)
         tools = use.tools if use else None
         max_new = self._budget(channel, req)
         try:
@@ -223,12 +219,12 @@ class Gateway:
         channel.turns += 1
         channel.model_tokens += len(result.token_ids)
         text = cut_at_stop(self.tok.decode(result.token_ids), self.renderer.stop)[0]
-        message, finish = self._reply(channel, text, use, result)
-        channel.history.record(placement, messages, tools, result, message)
-        body = self._completion(message, finish, placement.prompt_ids, result)
+        reply, finish = self._reply(channel, text, use, result)
+        channel.history.record(placement, messages, tools, result, reply.message)
+        body = self._completion(reply.message, finish, placement.prompt_ids, result)
         channel.overhead_ms.append((time.perf_counter() - start - engine_s) * 1000)
         if req.stream:
-            return StreamingResponse(_stream(body), media_type="text/event-stream")
+            return StreamingResponse(_stream(body, reply.calls), media_type="text/event-stream")
         return JSONResponse(body)
 
     def _budget(self, channel: Channel, req: ChatRequest) -> int:
@@ -245,15 +241,16 @@ class Gateway:
         asked = req.max_completion_tokens or req.max_tokens or self.engine_cfg.max_new_tokens
         return min(asked, left)
 
-    def _reply(self, channel: Channel, text: str, use: ToolUse | None, result) -> tuple[dict, str]:
-        """The assistant message (content and parsed tool calls) and its finish reason; a call
-        that does not parse comes back as content and is counted."""
+    def _reply(self, channel: Channel, text: str, use: ToolUse | None,
+               result) -> tuple[ParsedReply, str]:
+        """The reply (content and parsed tool calls) and its finish reason; a call that does not
+        parse comes back as content and is counted."""
         finish = "length" if result.finish_reason == "length" else "stop"
         if use is None:
-            return {"role": "assistant", "content": text}, finish
+            return ParsedReply(text), finish
         parsed = use.reply(text)
         channel.malformed_calls += parsed.malformed is not None
-        return parsed.message, "tool_calls" if parsed.calls else finish
+        return parsed, "tool_calls" if parsed.calls else finish
 
     def _completion(self, message: dict, finish: str, prompt_ids, result) -> dict:
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
@@ -265,23 +262,18 @@ class Gateway:
                           "total_tokens": len(prompt_ids) + len(result.token_ids)}}
 
 
-async def _stream(body: dict):
-    """A finished completion as OpenAI's stream chunks (role and content, each tool call, the
-    finish), which the official client accumulates into the same message."""
-    import json
+async def _stream(body: dict, calls: list[ToolCall]):
+    """A finished completion as OpenAI's stream chunks (role and content, the tool-call deltas,
+    the finish), which the official client accumulates into the same message."""
 
     def chunk(delta: dict, finish: str | None = None) -> bytes:
-        obj = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"],
-               "model": body["model"],
-               "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-        return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+        return sse({"id": body["id"], "object": "chat.completion.chunk", "created": body["created"],
+                    "model": body["model"], "choices": [
+                        {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
 
     choice = body["choices"][0]
-    message = choice["message"]
-    yield chunk({"role": "assistant", "content": message.get("content") or ""})
-    for i, call in enumerate(message.get("tool_calls") or []):
-        yield chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
-                                     "function": {"name": call["function"]["name"],
-                                                  "arguments": call["function"]["arguments"]}}]})
+    yield chunk({"role": "assistant", "content": choice["message"].get("content") or ""})
+    for delta in call_deltas(calls):
+        yield chunk({"tool_calls": [delta]})
     yield chunk({}, choice["finish_reason"])
-    yield b"data: [DONE]\n\n"
+    yield DONE

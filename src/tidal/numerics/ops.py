@@ -62,13 +62,20 @@ class _PackedLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        x, weight = ctx.saved_tensors
-        grad_x = grad_w = None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad.matmul(weight)
-        if ctx.needs_input_grad[1]:
-            grad_w = grad.reshape(-1, grad.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]))
-        return grad_x, grad_w, None
+        return (*linear_grads(ctx, grad), None)
+
+
+def linear_grads(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(grad of x, grad of weight) of y = x @ weight.T (x and weight saved on ``ctx``), each one
+    plain matmul in the weight's dtype, cast back to x's for x's grad."""
+    x, weight = ctx.saved_tensors
+    grad = grad.to(weight.dtype)
+    grad_x = grad_w = None
+    if ctx.needs_input_grad[0]:
+        grad_x = grad.matmul(weight).to(x.dtype)
+    if ctx.needs_input_grad[1]:
+        grad_w = grad.reshape(-1, grad.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]).to(weight.dtype))
+    return grad_x, grad_w
 
 
 LINEAR_PATHS: dict[torch.dtype, tuple[str, ...]] = {
@@ -103,22 +110,23 @@ class DeterministicLinear:
     ``weight`` [out, in] may require grad (trainer): a packed copy is then made per call (a copy
     of the matrix, cheap beside the matmul)."""
 
-    __slots__ = ("weight", "packed", "path", "wide", "blocks")
+    __slots__ = ("weight", "packed", "path", "kernel", "wide", "blocks")
 
     def __init__(self, weight: torch.Tensor, path: str | None = None):
         self.weight = weight
         self.path = path or LINEAR_PATHS.get(weight.dtype, ("native",))[0]
-        self.wide = weight.dtype != torch.float32 and self.path not in ("native", "native-padded")
+        self.kernel = self.path.removesuffix("-padded")
+        """The path without its one-row padding: what computes the product."""
+        self.wide = weight.dtype != torch.float32 and self.kernel != "native"
         """The path computes in fp32 and rounds once at the end."""
-        if (self.path in ("onednn", "onednn-padded", "fp32-accumulate", "split-k")
-                and not onednn_usable(weight.float())):
+        if self.kernel != "native" and self.kernel != "reduce" and not onednn_usable(weight.float()):
             raise ValueError(f"linear path {self.path!r} needs oneDNN on the CPU")
         self.packed = None
-        if self.path in ("onednn", "onednn-padded", "fp32-accumulate") and not weight.requires_grad:
+        if self.kernel in ("onednn", "fp32-accumulate") and not weight.requires_grad:
             self.packed = pack_for_onednn(weight.float())
         self.blocks: list[tuple[int, int, torch.Tensor | None]] = []
         """split-k: (first column, end column, packed block or None when built per call)."""
-        if self.path == "split-k":
+        if self.kernel == "split-k":
             width = weight.shape[-1]
             self.blocks = [(a, min(a + SPLIT_K, width), None if weight.requires_grad else
                             pack_for_onednn(weight[:, a : a + SPLIT_K].float().contiguous()))
@@ -131,7 +139,7 @@ class DeterministicLinear:
         return self._product(x)
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:
-        path = self.path.removesuffix("-padded")
+        path = self.kernel
         if path == "native":
             return F.linear(x, self.weight)
         wx = x.float() if self.wide else x
@@ -170,7 +178,7 @@ def split_k_linear(wx: torch.Tensor, weight: torch.Tensor, blocks) -> torch.Tens
 class _SplitKLinearFunction(torch.autograd.Function):
     """The split-k linear with a backward of one matmul per input over the whole width in the
     weight's dtype: only the forward's bits must match the engine's, and a per-block fp32
-    backward cost ~3x as much (measured: ~1.5 s of a 12 s SmolLM2 trainer step)."""
+    backward costs ~3x as much."""
 
     @staticmethod
     def forward(ctx, x, weight, blocks):
@@ -180,14 +188,7 @@ class _SplitKLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        x, weight = ctx.saved_tensors
-        grad = grad.to(weight.dtype)
-        grad_x = grad_w = None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad.matmul(weight).to(x.dtype)
-        if ctx.needs_input_grad[1]:
-            grad_w = grad.reshape(-1, grad.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]).to(weight.dtype))
-        return grad_x, grad_w, None
+        return (*linear_grads(ctx, grad), None)
 
 
 def fold_norm_weight(matrix: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:

@@ -148,6 +148,20 @@ def parse(model: type[BaseModel], body: bytes):
         raise from_validation(e) from None
 
 
+def chat_request(req: ChatRequest) -> tuple[tools.ToolUse | None, list[dict]]:
+    """A chat request's function calling (None without tools) and its messages as templates take
+    them (tools.template_messages); a 400 naming the field for tools or tool messages that
+    cannot be served."""
+    try:
+        use = tools.ToolUse.of(**req.model_dump(
+            include={"tools", "tool_choice", "parallel_tool_calls"}, exclude_none=True))
+        messages = tools.template_messages([m.model_dump(exclude_none=True) for m in req.messages])
+    except tools.ToolRequestError as e:
+        code = "invalid_messages" if e.param.startswith("messages") else "invalid_tools"
+        raise ApiError(400, str(e), param=e.param, code=code) from None
+    return use, messages
+
+
 class _Api:
     """The route handlers (one instance per app)."""
 
@@ -219,14 +233,7 @@ class _Api:
 
     async def chat(self, request: Request):
         req = parse(ChatRequest, await read_body(request, self.cfg.serve.max_body_bytes))
-        try:
-            use = tools.ToolUse.of(**req.model_dump(
-                include={"tools", "tool_choice", "parallel_tool_calls"}, exclude_none=True))
-            messages = tools.template_messages([m.model_dump(exclude_none=True)
-                                                for m in req.messages])
-        except tools.ToolRequestError as e:
-            code = "invalid_messages" if e.param.startswith("messages") else "invalid_tools"
-            raise ApiError(400, str(e), param=e.param, code=code) from None
+        use, messages = chat_request(req)
         try:
             prompt = self.template.render(messages, use.tools if use else None)
         except ChatTemplateError as e:
@@ -399,18 +406,10 @@ class _Call:
         return render.sse({**self._envelope("text_completion"), "choices": [choice]})
 
     def _call_chunks(self, index: int, calls: list[tools.ToolCall]) -> list[bytes]:
-        """Each call as the deltas OpenAI streams: id, type and name (arguments ""), then the
-        arguments, under the call's ``index``."""
-        out = []
-        for k, call in enumerate(calls):
-            for delta in ({"index": k, "id": call.id, "type": "function",
-                           "function": {"name": call.name, "arguments": ""}},
-                          {"index": k, "function": {"arguments": call.arguments_json}}):
-                choice = {"index": index, "delta": {"tool_calls": [delta]}, "logprobs": None,
-                          "finish_reason": None}
-                out.append(render.sse({**self._envelope("chat.completion.chunk"),
-                                       "choices": [choice]}))
-        return out
+        """Each call as the deltas OpenAI streams (tools.call_deltas)."""
+        return [render.sse({**self._envelope("chat.completion.chunk"), "choices": [
+                    {"index": index, "delta": {"tool_calls": [delta]}, "logprobs": None,
+                     "finish_reason": None}]}) for delta in tools.call_deltas(calls)]
 
     async def stream(self):
         """Chunks as tokens arrive; the choices' last chunks (finish_reason) only after every

@@ -81,6 +81,17 @@ class ParsedReply:
                 "tool_calls": [c.openai() for c in self.calls]}
 
 
+def call_deltas(calls: list[ToolCall]) -> list[dict]:
+    """The calls as the ``tool_calls`` deltas OpenAI streams and its client accumulates: per call
+    its id, type and name (arguments ""), then its arguments, under the call's index."""
+    out = []
+    for k, call in enumerate(calls):
+        out += [{"index": k, "id": call.id, "type": "function",
+                 "function": {"name": call.name, "arguments": ""}},
+                {"index": k, "function": {"arguments": call.arguments_json}}]
+    return out
+
+
 def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
