@@ -238,6 +238,19 @@ class ToolSampler:
                                 [-0.5] * len(ids), [7] * len(ids), None, "eos", "", request.tag)
 
 
+def _tool_model(model: str, tmp_path):
+    """(tokenizer, the ids that end a reply): the byte model's plain template, or a BPE
+    tokenizer with a real tool-calling template (Qwen2.5's)."""
+    from tidal.model.tokenizer import ByteTokenizer
+    from tidal.online.api.chat import END_OF_TURN
+
+    if model == "byte":
+        tok = ByteTokenizer()
+        return tok, tok.encode(END_OF_TURN)
+    tok = HFTokenizer(tiny_tokenizer(tmp_path / "tok", chatml_config(chat_template=QWEN_TEMPLATE)))
+    return tok, [tok.end_of_turn_id]
+
+
 @pytest.mark.parametrize("model", ["byte", "qwen-template"])
 def test_the_example_agent_calls_tools_over_the_gateway(tmp_path, model):
     """examples/harness_agent.py, unchanged: its run_python call runs, the tool result goes back
@@ -245,16 +258,9 @@ def test_the_example_agent_calls_tools_over_the_gateway(tmp_path, model):
     segment (the template's tool frame between them), on the byte model's plain template and on
     a real tool-calling template (Qwen2.5's)."""
     from tidal.config import load_config
-    from tidal.model.tokenizer import ByteTokenizer
-    from tidal.online.api.chat import END_OF_TURN
     from tidal.sandbox import Sandbox
 
-    if model == "byte":
-        tok = ByteTokenizer()
-        end = tok.encode(END_OF_TURN)
-    else:
-        tok = HFTokenizer(tiny_tokenizer(tmp_path / "tok", chatml_config(chat_template=QWEN_TEMPLATE)))
-        end = [tok.end_of_turn_id]
+    tok, end = _tool_model(model, tmp_path)
     client = ToolSampler(tok, end)
     with Sandbox(load_config(None, []).env.sandbox) as sandbox:
         spec = load_environment("harness", sandbox=sandbox, command=f"{{python}} {AGENT}",
@@ -316,3 +322,57 @@ def test_a_steps_gateway_metrics_count_matched_history(tok):
     for t in native:
         t.info = {k: v for k, v in t.info.items() if not k.startswith("gateway_")}
     assert not any(k.startswith("gateway/") for k in rollout_metrics(native).to_json())
+
+
+@pytest.mark.parametrize("model", ["byte", "qwen-template"])
+def test_the_native_agent_and_the_example_over_the_gateway_train_on_the_same_tokens(tmp_path, model):
+    """env.name "agent" (the example's prompt and tools run by tidal's own tool-calling loop)
+    and examples/harness_agent.py over the gateway, given the same sampled turns, build the same
+    trajectory token for token, and the native side extends one segment too."""
+    from tidal.config import load_config
+    from tidal.sandbox import Sandbox
+
+    tok, end = _tool_model(model, tmp_path)
+    out = {}
+    with Sandbox(load_config(None, []).env.sandbox) as sandbox:
+        for name, args in (("harness", {"command": f"{{python}} {AGENT}"}), ("agent", {})):
+            spec = load_environment(name, sandbox=sandbox, task_args={"prompt_style": "instruct"},
+                                    **args)
+            [traj], _ = run_episodes(_engine(tok, 4096), spec, spec.sample_tasks(1, 0, False),
+                                     HarnessConfig(), client=ToolSampler(tok, end), seed=0)
+            out[name] = traj
+    native, gateway = out["agent"], out["harness"]
+    assert native.info["tool_history_matched"] == 1 and native.info["tool_new_segments"] == 1
+    assert (native.reward, native.reason) == (gateway.reward, gateway.reason) == (0.0, "wrong_answer")
+    [a], [b] = native.segments, gateway.segments
+    assert (a.prompt_ids, a.completion_ids, a.loss_mask) == (b.prompt_ids, b.completion_ids, b.loss_mask)
+    assert "42" in tok.decode(a.completion_ids)  # run_python ran in tidal's sandbox
+
+
+def test_the_native_agent_has_the_example_agents_prompt_and_tools():
+    import runpy
+
+    from tidal.envs.agent import SYSTEM, TOOLS
+
+    example = runpy.run_path(str(AGENT), run_name="example")
+    assert (SYSTEM, TOOLS) == (example["SYSTEM"], example["TOOLS"])
+
+
+def test_the_fork_servers_warm_up_runs_once_before_every_harness(tmp_path, monkeypatch, tok):
+    """env.args.warmup runs in the fork server after its imports: every forked harness sees
+    what it did (here a module attribute), so lazy work is done once, not per episode."""
+    from tidal.config import load_config
+    from tidal.sandbox import Sandbox
+
+    out = tmp_path / "seen"
+    harness = tmp_path / "warm_harness.py"
+    harness.write_text("import json, os\n"
+                       "open(os.environ['WARM_OUT'], 'a').write(str(getattr(json, 'WARMED', False)) + '\\n')\n")
+    monkeypatch.setenv("WARM_OUT", str(out))
+    with Sandbox(load_config(None, []).env.sandbox) as sandbox:
+        spec = load_environment("harness", sandbox=sandbox, command=f"{{python}} {harness}",
+                                preload=["json"], warmup="import json; json.WARMED = True")
+        trajs, _ = run_episodes(_engine(tok), spec, spec.sample_tasks(1, 0, False), HarnessConfig(),
+                                samples_per_task=2, client=Sampler(tok), seed=0)
+    assert out.read_text().split() == ["True", "True"]
+    assert {t.reason for t in trajs} == {"no_answer"}

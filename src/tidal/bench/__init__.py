@@ -31,6 +31,8 @@ BENCHMARKS = {
                  "the loss controls (KL, entropy bonus, dual-clip, constant lr) as arms of the default recipe on two families"),
     "peer": ("tidal.bench.peer_bench",
              "RL of a pretrained model (a recipe's) through tidal vs TRL's GRPOTrainer: speed, gain, memory"),
+    "harness": ("tidal.bench.harness_bench",
+                "an agent harness over the rollout gateway vs the same agent as a native environment: speed, gain, history match"),
     "multiturn": ("tidal.bench.multiturn_bench",
                   "multi-turn rollout time with the engine's prefix cache vs prefilling every turn"),
 }

@@ -39,6 +39,7 @@ ENVIRONMENTS: dict[str, str] = {
     "pyrepo": "tidal.envs.pyrepo",
     "requests": "tidal.envs.requests",  # plain-English string/list requests (retention check)
     "harness": "tidal.gateway",  # an outside OpenAI-API harness runs each episode (issue 31)
+    "agent": "tidal.envs.agent",  # examples/harness_agent.py's agent, run natively
 }
 """Built-in environments: name -> module exposing load_environment."""
 

@@ -47,6 +47,11 @@ class EnvironmentSpec:
         contradict its specification, so any pass is cheating by construction), with
         ``canary = True`` and an id starting ``canary-``; what integrity checking mixes into
         training at its configured rate. None = the environment makes no canaries.
+    tools: the environment speaks OpenAI chat messages and function calls (these tools, OpenAI's
+        {"type": "function", "function": {...}} dicts): ``reset`` returns messages, ``step`` gets
+        the assistant message (content and parsed ``tool_calls``) and returns its tool results as
+        "tool" messages; harness.tool_episode runs it through the chat template with the tools,
+        as the gateway serves an outside harness. None = text turns (harness.episode).
     """
 
     name: str
@@ -57,3 +62,4 @@ class EnvironmentSpec:
     success: Callable[[float, dict[str, Any]], bool] = reward_reaches_one
     make_canary: Callable[[Any, random.Random], Any] | None = None
     external: Any = None
+    tools: list[dict] | None = None

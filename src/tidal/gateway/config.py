@@ -42,6 +42,12 @@ class GatewayConfig(Section):
     """Modules a Python harness imports, imported once by a fork server (gateway/zygote.py) that
     forks each episode's harness (the command must start with ``{python}``, this interpreter):
     e.g. ["openai"] saves ~1 s of CPU per episode. Empty: each harness starts afresh."""
+    warmup: str = ""
+    """Python code the fork server runs once after its ``preload`` imports, before any fork: the
+    lazy work every harness would otherwise repeat (a client library's first client builds its
+    TLS context and imports its request and response types on first use), e.g.
+    ``import openai; openai.OpenAI(api_key="-").chat.completions.create``. An error in it stops
+    the run at the first episode, with the fork server's traceback in the run's log."""
 
     @field_validator("command", "corpus_command")
     @classmethod

@@ -106,7 +106,7 @@ class HarnessEpisode:
         if self.cfg.preload and argv[0] == sys.executable:
             from tidal.gateway.zygote import zygote
 
-            child = zygote(tuple(self.cfg.preload)).spawn(
+            child = zygote(tuple(self.cfg.preload), self.cfg.warmup).spawn(
                 argv, str(workspace), env, str(task_file), str(log_file))
             if not await asyncio.to_thread(child.started.wait, 30) or child.pid is None:
                 raise RuntimeError("the harness fork server did not start a harness")

@@ -29,17 +29,17 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import Field
 from starlette.exceptions import HTTPException
 
-from tidal.engine.request import GenerationRequest
 from tidal.gateway.config import GatewayConfig
 from tidal.gateway.history import History
 from tidal.gateway.render import Renderer
+from tidal.gateway.turn import ContextFull, TemplateRejected, take_turn
 from tidal.harness.seeds import derive_seed
 from tidal.online.api.app import chat_request, parse, read_body
 from tidal.online.api.auth import KeyRing, key_id
 from tidal.online.api.errors import ApiError, error_response
-from tidal.online.api.render import DONE, cut_at_stop, sse
+from tidal.online.api.render import DONE, sse
 from tidal.online.api.schemas import Body, ChatRequest
-from tidal.online.api.tools import ParsedReply, ToolCall, ToolUse, call_deltas
+from tidal.online.api.tools import ToolCall, call_deltas
 
 
 class AnswerRequest(Body):
@@ -198,33 +198,23 @@ class Gateway:
         use, messages = chat_request(req)
         tools = use.tools if use else None
         max_new = self._budget(channel, req)
-        try:
-            placement = channel.history.place(messages, tools)
-        except Exception as e:  # the template rejected the messages: the harness's mistake
-            raise ApiError(400, f"the chat template could not render these messages: {e}",
-                           param="messages", code="invalid_messages") from None
-        room = self.window - len(placement.prompt_ids)
-        if room <= 0:
-            channel.end("context")
-            raise ApiError(400, f"the conversation is {len(placement.prompt_ids)} tokens; the "
-                                f"context window is {self.window}", param="messages",
-                           code="context_length_exceeded")
         seed = None if channel.seed is None else derive_seed(channel.seed, channel.turns)
-        engine_start = time.perf_counter()
-        result = await self.client.generate(GenerationRequest(
-            prompt_ids=placement.prompt_ids, max_new_tokens=min(max_new, room),
-            stop=self.renderer.stop,
-            tag=(channel.index, "turn"), seed=seed))
-        engine_s = time.perf_counter() - engine_start
+        try:
+            turn = await take_turn(self.client, self.renderer, channel.history, messages, tools,
+                                   use, max_new, self.window, seed, (channel.index, "turn"))
+        except TemplateRejected as e:
+            raise ApiError(400, str(e), param="messages", code="invalid_messages") from None
+        except ContextFull as e:
+            channel.end("context")
+            raise ApiError(400, str(e), param="messages", code="context_length_exceeded") from None
         channel.turns += 1
-        channel.model_tokens += len(result.token_ids)
-        text = cut_at_stop(self.tok.decode(result.token_ids), self.renderer.stop)[0]
-        reply, finish = self._reply(channel, text, use, result)
-        channel.history.record(placement, messages, tools, result, reply.message)
-        body = self._completion(reply.message, finish, placement.prompt_ids, result)
-        channel.overhead_ms.append((time.perf_counter() - start - engine_s) * 1000)
+        channel.model_tokens += len(turn.result.token_ids)
+        channel.malformed_calls += turn.reply.malformed is not None
+        body = self._completion(turn.reply.message, turn.finish, turn.placement.prompt_ids,
+                                turn.result)
+        channel.overhead_ms.append((time.perf_counter() - start - turn.engine_s) * 1000)
         if req.stream:
-            return StreamingResponse(_stream(body, reply.calls), media_type="text/event-stream")
+            return StreamingResponse(_stream(body, turn.reply.calls), media_type="text/event-stream")
         return JSONResponse(body)
 
     def _budget(self, channel: Channel, req: ChatRequest) -> int:
@@ -240,17 +230,6 @@ class Gateway:
                            "rate_limit_error", code="token_budget")
         asked = req.max_completion_tokens or req.max_tokens or self.engine_cfg.max_new_tokens
         return min(asked, left)
-
-    def _reply(self, channel: Channel, text: str, use: ToolUse | None,
-               result) -> tuple[ParsedReply, str]:
-        """The reply (content and parsed tool calls) and its finish reason; a call that does not
-        parse comes back as content and is counted."""
-        finish = "length" if result.finish_reason == "length" else "stop"
-        if use is None:
-            return ParsedReply(text), finish
-        parsed = use.reply(text)
-        channel.malformed_calls += parsed.malformed is not None
-        return parsed, "tool_calls" if parsed.calls else finish
 
     def _completion(self, message: dict, finish: str, prompt_ids, result) -> dict:
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",

@@ -24,8 +24,9 @@ import threading
 
 ZYGOTE = r"""
 import json, os, runpy, select, sys, traceback
-for name in sys.argv[1:]:
+for name in sys.argv[2:]:
     __import__(name)
+exec(compile(sys.argv[1], "<env.args.warmup>", "exec"), {"__name__": "__warmup__"})
 jobs, out = {}, sys.stdout
 
 def report(obj):
@@ -89,9 +90,9 @@ class ZygoteChild:
 class Zygote:
     """A running fork server (see the module docstring); thread-safe, any event loop."""
 
-    def __init__(self, preload: tuple[str, ...]):
-        self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE, *preload], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, bufsize=0)
+    def __init__(self, preload: tuple[str, ...], warmup: str = ""):
+        self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE, warmup, *preload],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         self._children: dict[int, ZygoteChild] = {}
         self._next = 0
         self._lock = threading.Lock()
@@ -153,14 +154,16 @@ def _resolve(future: asyncio.Future, value) -> None:
         future.set_result(value)
 
 
-_ZYGOTES: dict[tuple[str, ...], Zygote] = {}
+_ZYGOTES: dict[tuple, Zygote] = {}
 
 
-def zygote(preload: tuple[str, ...]) -> Zygote:
-    """The process's fork server for these modules (started once, kept for the run)."""
-    z = _ZYGOTES.get(preload)
+def zygote(preload: tuple[str, ...], warmup: str = "") -> Zygote:
+    """The process's fork server for these modules and warm-up (started once, kept for the
+    run)."""
+    key = (preload, warmup)
+    z = _ZYGOTES.get(key)
     if z is None or not z.alive():
-        z = _ZYGOTES[preload] = Zygote(preload)
+        z = _ZYGOTES[key] = Zygote(preload, warmup)
     return z
 
 
