@@ -50,7 +50,7 @@ class EnvironmentSpec:
     tools: the environment speaks OpenAI chat messages and function calls (these tools, OpenAI's
         {"type": "function", "function": {...}} dicts): ``reset`` returns messages, ``step`` gets
         the assistant message (content and parsed ``tool_calls``) and returns its tool results as
-        "tool" messages; harness.tool_episode runs it through the chat template with the tools,
+        "tool" messages; gateway.tool_episode runs it through the chat template with the tools,
         as the gateway serves an outside harness. None = text turns (harness.episode).
     """
 

@@ -1,7 +1,7 @@
 """One model turn of a conversation with tools, token-exact: the prompt placed by the episode's
 History (history.py), the engine's reply at the run's temperature, parsed into content and tool
 calls as the API parses them (api/tools). The gateway serves it over HTTP (server.py); an
-environment that speaks messages and tools runs it in process (harness/tool_episode.py), so both
+environment that speaks messages and tools runs it in process (gateway/tool_episode.py), so both
 build the same tokens from the same messages."""
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ async def run_episodes_async(engine, spec, tasks, cfg, samples_per_task=1, group
 
                 episode = HarnessEpisode(spec.make(), gateway, spec.external, index, episode_seed)
             elif spec.tools is not None:  # the environment speaks messages and tool calls
-                from tidal.harness.tool_episode import ToolEpisode
+                from tidal.gateway.tool_episode import ToolEpisode
 
                 episode = ToolEpisode(spec.make(), spec.tools, client or engine_client,
                                       engine.tokenizer, cfg, window, max_turn, no_experts, index,
