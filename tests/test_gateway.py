@@ -376,3 +376,37 @@ def test_the_fork_servers_warm_up_runs_once_before_every_harness(tmp_path, monke
                                 samples_per_task=2, client=Sampler(tok), seed=0)
     assert out.read_text().split() == ["True", "True"]
     assert {t.reason for t in trajs} == {"no_answer"}
+
+
+stalled_requests = []
+
+
+class Stalled(Sampler):
+    """An engine that never answers (one stopped with its rollout)."""
+
+    async def generate(self, request):
+        stalled_requests.append(request)
+        await asyncio.Event().wait()
+
+
+def test_a_request_in_flight_when_its_episode_times_out_does_not_hold_the_rollout(tok):
+    """The harness is stopped at its timeout while its request waits on the engine; the rollout
+    call still returns (the gateway does not wait for that request to be answered)."""
+    import threading
+
+    done = {}
+
+    def go():
+        done["trajs"] = _run(tok, "answer", samples=1, timeout_s=3.0, preload=["openai"])[0]
+
+    client_cls = globals()["Sampler"]
+    globals()["Sampler"] = Stalled  # _run builds its client from Sampler
+    try:
+        worker = threading.Thread(target=go, daemon=True)
+        worker.start()
+        worker.join(60)
+    finally:
+        globals()["Sampler"] = client_cls
+    assert not worker.is_alive(), "the rollout call hung after its episode timed out"
+    assert [t.reason for t in done["trajs"]] == ["timeout"]
+    assert stalled_requests, "the harness never reached the engine: nothing was in flight"

@@ -114,8 +114,12 @@ class Gateway:
         return self
 
     async def __aexit__(self, *exc) -> None:
+        """Stop serving at once: every episode has ended, so no response is awaited. A request
+        still in the engine when its episode ended (a harness stopped at its timeout) would
+        otherwise hold uvicorn's graceful shutdown forever: the engine stops with the rollout."""
         if self._server is not None:
             self._server.should_exit = True
+            self._server.force_exit = True
             with contextlib.suppress(Exception):
                 await self._task
 
