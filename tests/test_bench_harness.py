@@ -34,3 +34,18 @@ def test_headline_compares_the_gateway_with_the_native_arm():
     assert h["steps_per_min_ratio"] == pytest.approx(0.8)
     assert h["gain"] == pytest.approx(0.18) and h["native_gain"] == pytest.approx(0.20)
     assert (h["history_match_fraction"], h["bitwise_equal_fraction"], h["turn_overhead_ms"]) == (1.0, 1.0, 6.0)
+
+
+def test_the_bitwise_fraction_counts_only_steps_that_compared_tokens():
+    from tidal.bench.common import bitwise_equal_fraction
+
+    steps = [{"train/mismatch_tokens": 10, "train/mismatch_bitwise_equal_fraction": 1.0},
+             {"train/mismatch_tokens": 0, "train/mismatch_bitwise_equal_fraction": 0.0},
+             {"train/mismatch_tokens": 5, "train/mismatch_bitwise_equal_fraction": 0.5}]
+    assert bitwise_equal_fraction(steps) == pytest.approx(0.75)
+    assert bitwise_equal_fraction(steps[1:2]) is None
+
+
+def test_arms_are_given_as_a_comma_list_on_the_command_line():
+    assert harness_bench.BenchSection(arms="native").arms == ["native"]
+    assert harness_bench.BenchSection(arms="gateway,native").arms == ["gateway", "native"]

@@ -67,13 +67,13 @@ def _spec(sandbox, mode: str, **args):
                             tasks="funcs", task_args={"prompt_style": "instruct"}, **args)
 
 
-def _run(tok, mode: str, samples: int = 2, **args):
+def _run(tok, mode: str, samples: int = 2, client=None, **args):
     from tidal.sandbox import Sandbox
     from tidal.config import load_config
 
     with Sandbox(load_config(None, []).env.sandbox) as sandbox:
         spec = _spec(sandbox, mode, **args)
-        client = Sampler(tok)
+        client = client or Sampler(tok)
         tasks = spec.sample_tasks(1, 0, False)
         trajs, _ = run_episodes(_engine(tok), spec, tasks, HarnessConfig(), samples_per_task=samples,
                                 client=client, seed=0)
@@ -378,14 +378,11 @@ def test_the_fork_servers_warm_up_runs_once_before_every_harness(tmp_path, monke
     assert {t.reason for t in trajs} == {"no_answer"}
 
 
-stalled_requests = []
-
-
 class Stalled(Sampler):
     """An engine that never answers (one stopped with its rollout)."""
 
     async def generate(self, request):
-        stalled_requests.append(request)
+        self.requests.append(request)
         await asyncio.Event().wait()
 
 
@@ -394,19 +391,15 @@ def test_a_request_in_flight_when_its_episode_times_out_does_not_hold_the_rollou
     call still returns (the gateway does not wait for that request to be answered)."""
     import threading
 
-    done = {}
+    done, client = {}, Stalled(tok)
 
     def go():
-        done["trajs"] = _run(tok, "answer", samples=1, timeout_s=3.0, preload=["openai"])[0]
+        done["trajs"] = _run(tok, "answer", samples=1, client=client, timeout_s=3.0,
+                             preload=["openai"])[0]
 
-    client_cls = globals()["Sampler"]
-    globals()["Sampler"] = Stalled  # _run builds its client from Sampler
-    try:
-        worker = threading.Thread(target=go, daemon=True)
-        worker.start()
-        worker.join(60)
-    finally:
-        globals()["Sampler"] = client_cls
+    worker = threading.Thread(target=go, daemon=True)
+    worker.start()
+    worker.join(60)
     assert not worker.is_alive(), "the rollout call hung after its episode timed out"
     assert [t.reason for t in done["trajs"]] == ["timeout"]
-    assert stalled_requests, "the harness never reached the engine: nothing was in flight"
+    assert client.requests, "the harness never reached the engine: nothing was in flight"

@@ -31,8 +31,8 @@ from pathlib import Path
 
 from pydantic import Field
 
-from tidal.bench.common import write_json
-from tidal.bench.config import config_record, main, with_keys
+from tidal.bench.common import bitwise_equal_fraction, greedy_heldout, train_in_child, write_json
+from tidal.bench.config import StrList, config_record, main, with_keys
 from tidal.config import ConfigError, TidalConfig
 from tidal.section import Section
 
@@ -48,7 +48,7 @@ class BenchSection(Section):
     """RL wall-clock seconds of each arm (orchestrator.time_budget_s)."""
     heldout_tasks: int = Field(128, ge=1)
     """Held-out tasks of the evaluator (greedy pass@1 through the gateway)."""
-    arms: list[str] = Field(default_factory=lambda: ["native", "gateway"])
+    arms: StrList = Field(default_factory=lambda: ["native", "gateway"])
     """Which arms run, in this order."""
     runs_dir: str = ""
     """Where the arms' run folders go; "" = runs/bench-harness-<time>."""
@@ -108,29 +108,17 @@ def arm_config(cfg: TidalConfig, arm: str) -> TidalConfig:
 
 def train_arm(bench: BenchSection, cfg: TidalConfig, run_dir: Path) -> dict:
     """`tidal train` on the arm's config with the budget, in a child process."""
-    import subprocess
+    summary, steps = train_in_child(cfg, bench.budget_s, run_dir,
+                                    run_dir.parent / f"{run_dir.name}-recipe.toml")
 
-    from tidal.config.dump import recipe_tree, to_toml
-    from tidal.telemetry.metrics import read_metrics
+    def mean(key: str) -> float | None:
+        values = [s[key] for s in steps if key in s]
+        return statistics.fmean(values) if values else None
 
-    arm = with_keys(cfg, {"orchestrator.time_budget_s": bench.budget_s,
-                          "orchestrator.steps": 100_000, "orchestrator.eval_every": 0,
-                          "orchestrator.heldout_tasks": 8, "orchestrator.checkpoint_every": 0})
-    run_dir.mkdir(parents=True, exist_ok=True)
-    recipe = run_dir.parent / f"{run_dir.name}-recipe.toml"
-    recipe.write_text(to_toml(recipe_tree(arm)) + "\n")
-    tidal = Path(sys.executable).with_name("tidal")
-    subprocess.run([str(tidal), "train", str(recipe), "--run-dir", str(run_dir)], check=True)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "step"]
-    mean = lambda key: statistics.fmean(s[key] for s in steps if key in s) if any(
-        key in s for s in steps) else None
-    bitwise = [s["train/mismatch_bitwise_equal_fraction"] for s in steps
-               if s.get("train/mismatch_tokens")]
     return {"steps": summary["steps"], "rl_wall_s": summary["rl_wall_s"],
             "steps_per_min": 60 * summary["steps"] / summary["rl_wall_s"],
             "trajectories": summary["trajectories"], "checkpoint": summary["final_checkpoint"],
-            "bitwise_equal_fraction": statistics.fmean(bitwise) if bitwise else None,
+            "bitwise_equal_fraction": bitwise_equal_fraction(steps),
             "history_match_fraction": mean("gateway/history_match_fraction"),
             "turn_overhead_ms": mean("gateway/overhead_ms"), "turns": mean("gateway/turns"),
             "malformed_calls": mean("gateway/malformed_calls"),
@@ -139,14 +127,7 @@ def train_arm(bench: BenchSection, cfg: TidalConfig, run_dir: Path) -> dict:
 
 def evaluate(bench: BenchSection, cfg: TidalConfig, checkpoint) -> dict:
     """Greedy held-out pass@1 of a checkpoint through the gateway (the recipe's harness)."""
-    from tidal.cli.run import evaluate_checkpoint
-    from tidal.env import from_config
-    from tidal.sandbox import Sandbox
-
-    c = with_keys(cfg, {"orchestrator.eval_temperature": 0.0,
-                        "orchestrator.eval_samples_per_task": 1, "env.integrity.eval_canaries": 0})
-    with Sandbox(c.env.sandbox) as sandbox:
-        r = evaluate_checkpoint(c, from_config(c.env, sandbox), Path(checkpoint), bench.heldout_tasks)
+    r = greedy_heldout(cfg, checkpoint, bench.heldout_tasks, **{"env.integrity.eval_canaries": 0})
     return {"pass1": r["pass1"], "pass1_by_level": r["pass1_by_level"]}
 
 

@@ -27,7 +27,6 @@ the fraction of trained tokens whose engine logprob equals the trainer's bit for
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -35,7 +34,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from tidal.bench.common import write_json
+from tidal.bench.common import bitwise_equal_fraction, greedy_heldout, train_in_child, write_json
 from tidal.bench.config import config_record, main, with_keys
 from tidal.config import ConfigError, TidalConfig
 from tidal.section import Section
@@ -96,26 +95,14 @@ def run(bench: BenchSection, cfg: TidalConfig, json_path: str | None) -> int:
 
 def tidal_arm(bench: BenchSection, cfg: TidalConfig, run_dir: Path) -> dict:
     """`tidal train` on the recipe with the budget, in a child process."""
-    from tidal.config.dump import recipe_tree, to_toml
-    from tidal.telemetry.metrics import read_metrics
-
-    arm = with_keys(cfg, {"orchestrator.time_budget_s": bench.budget_s,
-                          "orchestrator.steps": 100_000, "orchestrator.eval_every": 0,
-                          "orchestrator.heldout_tasks": 8, "orchestrator.checkpoint_every": 0})
-    run_dir.mkdir(parents=True, exist_ok=True)
-    recipe = run_dir.parent / "tidal-recipe.toml"
-    recipe.write_text(to_toml(recipe_tree(arm)) + "\n")
-    tidal = Path(sys.executable).with_name("tidal")
-    rss_kb = _measured([str(tidal), "train", str(recipe), "--run-dir", str(run_dir)], run_dir.parent / "tidal-rss")
-    summary = json.loads((run_dir / "summary.json").read_text())
-    steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "step"]
-    bitwise = [s["train/mismatch_bitwise_equal_fraction"] for s in steps
-               if s.get("train/mismatch_tokens")]
+    rss_file = run_dir.parent / "tidal-rss"
+    summary, steps = train_in_child(cfg, bench.budget_s, run_dir, run_dir.parent / "tidal-recipe.toml",
+                                    lambda command: _measured(command, rss_file))
     completions = summary["trajectories"] + summary.get("dropped_stale", 0)
     return {"steps": summary["steps"], "completions": completions, "rl_wall_s": summary["rl_wall_s"],
             "completions_per_min": 60 * completions / summary["rl_wall_s"],
-            "peak_rss_mb": rss_kb / 1024, "checkpoint": summary["final_checkpoint"],
-            "bitwise_equal_fraction": statistics.fmean(bitwise) if bitwise else None,
+            "peak_rss_mb": int(rss_file.read_text()) / 1024, "checkpoint": summary["final_checkpoint"],
+            "bitwise_equal_fraction": bitwise_equal_fraction(steps),
             "reward_mean_by_step": [s["reward_mean"] for s in steps]}
 
 
@@ -149,17 +136,10 @@ def _measured(command: list[str], rss_file: Path) -> int:
 
 def evaluate(bench: BenchSection, cfg: TidalConfig, checkpoint: str) -> dict:
     """Greedy held-out pass@1 of a checkpoint folder on funcs and on "requests"."""
-    from tidal.cli.run import evaluate_checkpoint
-    from tidal.env import from_config
-    from tidal.sandbox import Sandbox
-
-    greedy = {"orchestrator.eval_temperature": 0.0, "orchestrator.eval_samples_per_task": 1}
-    funcs = with_keys(cfg, greedy)
-    other = with_keys(cfg, {**greedy, "env.name": "requests", "env.args": {}})
+    other = {"env.name": "requests", "env.args": {}}
     out = {}
-    for name, c, n in (("funcs", funcs, bench.heldout_tasks), ("requests", other, bench.other_tasks)):
-        with Sandbox(c.env.sandbox) as sandbox:
-            r = evaluate_checkpoint(c, from_config(c.env, sandbox), Path(checkpoint), n)
+    for name, keys, n in (("funcs", {}, bench.heldout_tasks), ("requests", other, bench.other_tasks)):
+        r = greedy_heldout(cfg, checkpoint, n, **keys)
         out[name] = r["pass1"]
         out[f"{name}_by_level"] = r["pass1_by_level"]
     return out

@@ -73,3 +73,14 @@ class Environment(ABC):
 
     async def close(self) -> None:
         """Release what the episode holds (sandbox workspaces, files). Called exactly once."""
+
+
+async def final_answer(env: Environment, answer: str) -> StepResult:
+    """``env.step(answer)`` as an episode's last word: a multi-step family that would go on is
+    ended with reason "answered", its final reward added (an outside harness's answer, an
+    agent's submission)."""
+    step = await env.step(answer)
+    if step.done:
+        return step
+    ended = await env.end("answered")
+    return StepResult("", step.reward + ended.reward, True, {**step.info, **ended.info})

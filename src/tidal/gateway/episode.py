@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tidal.env.base import StepResult
+from tidal.env.base import StepResult, final_answer
 from tidal.gateway.config import GatewayConfig
 from tidal.gateway.server import Channel, Gateway
 from tidal.harness.chat_format import as_messages
@@ -134,11 +134,7 @@ class HarnessEpisode:
             answer = answer_file.read_text(errors="replace")
         if answer is None:
             return await self.env.end(self._no_result(exit_code, workspace))
-        step = await self.env.step(answer)
-        if not step.done:  # a multi-step family: the answer is its last word
-            ended = await self.env.end("answered")
-            step = StepResult("", step.reward + ended.reward, True, {**step.info, **ended.info})
-        return step
+        return await final_answer(self.env, answer)
 
     def _no_result(self, exit_code: int | None, workspace: Path) -> str:
         """Why a harness left neither answer nor reward: it crashed, or exited without one."""
@@ -151,20 +147,18 @@ class HarnessEpisode:
 
     def _result(self, channel: Channel, final: StepResult) -> EpisodeResult:
         history = channel.history
-        segments = [s.to_segment() for s in history.segments]
         info = dict(final.info)
         info.update(gateway_turns=channel.turns, gateway_history_matched=history.matched,
                     gateway_new_segments=history.new_segments,
                     gateway_malformed_calls=channel.malformed_calls)
         if channel.overhead_ms:
             info["gateway_overhead_ms"] = sum(channel.overhead_ms) / len(channel.overhead_ms)
-        env_tokens = sum(len(s.completion_ids) - sum(s.loss_mask) for s in segments)
         reason = str(info.get("reason", channel.ended or "done"))
         info["reason"] = reason
-        return EpisodeResult(segments, final.reward, reason, info, turns=channel.turns,
-                             model_tokens=channel.model_tokens, env_tokens=env_tokens,
-                             head_tokens=len(segments[0].prompt_ids) if segments else 0,
-                             window=self.gateway.window)
+        result = EpisodeResult([], final.reward, reason, info, turns=channel.turns,
+                               model_tokens=channel.model_tokens, window=self.gateway.window)
+        history.fill(result)
+        return result
 
 
 class Harness:

@@ -107,6 +107,13 @@ class History:
                                      template_messages([reply])[0], list(result.token_ids),
                                      placement.segment))
 
+    def fill(self, result) -> None:
+        """Give an episode's result (harness.episode.EpisodeResult) its trajectory: the segments,
+        the environment's tokens in them and the first context's length."""
+        result.segments = [s.to_segment() for s in self.segments]
+        result.env_tokens = sum(len(s.completion_ids) - sum(s.loss_mask) for s in result.segments)
+        result.head_tokens = len(result.segments[0].prompt_ids) if result.segments else 0
+
     def _extension(self, turn: ServedTurn, messages, tools) -> list[int] | None:
         """The template's ids after ``turn``'s sampled reply up to M's generation prompt, or None
         when M does not extend ``turn``."""

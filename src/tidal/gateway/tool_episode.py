@@ -54,12 +54,10 @@ class ToolEpisode:
         finally:
             await self.env.close()
         r, history = self.result, self.history
-        r.segments = [s.to_segment() for s in history.segments]
+        history.fill(r)
         r.reward += final.reward
         r.info.update(final.info)
         r.reason = str(final.info.get("reason", "done"))
-        r.env_tokens = sum(len(s.completion_ids) - sum(s.loss_mask) for s in r.segments)
-        r.head_tokens = len(r.segments[0].prompt_ids) if r.segments else 0
         r.info.update(tool_history_matched=history.matched,
                       tool_new_segments=history.new_segments)
         return r

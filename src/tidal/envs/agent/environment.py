@@ -16,7 +16,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from tidal.env.base import Environment, StepResult
+from tidal.env.base import Environment, StepResult, final_answer
 from tidal.env.registry import load_environment as load_family
 from tidal.env.spec import EnvironmentSpec
 from tidal.env.tools import run_blocking
@@ -43,6 +43,8 @@ TOOLS = [
                        "required": ["code"]}}},
 ]
 """examples/harness_agent.py's tools (a test keeps the two equal)."""
+PARAMETERS = {t["function"]["name"]: tuple(t["function"]["parameters"]["required"]) for t in TOOLS}
+"""Each tool's parameters (all required strings)."""
 
 
 def code_of(text: str) -> str:
@@ -65,13 +67,13 @@ class AgentEnvironment(Environment):
         """``action``: the assistant message (content and parsed ``tool_calls``)."""
         calls = action.get("tool_calls") or []
         if not calls:
-            return await self._grade(code_of(action.get("content") or ""))
+            return await final_answer(self.inner, code_of(action.get("content") or ""))
         results = []
         for call in calls:
             name = call["function"]["name"]
             args = json.loads(call["function"]["arguments"])
-            if name == "submit" and _strings(args, ("code",)):
-                return await self._grade(args["code"])
+            if name == "submit" and _strings(args, PARAMETERS["submit"]):
+                return await final_answer(self.inner, args["code"])
             results.append({"role": "tool", "tool_call_id": call["id"],
                             "content": await self._call(name, args)})
         return StepResult(results)
@@ -88,8 +90,7 @@ class AgentEnvironment(Environment):
     async def _call(self, name: str, args: dict) -> str:
         """A non-final tool's output; a call with wrong arguments gets an error, as in the
         example (a TypeError from calling the function)."""
-        params = {"run_python": ("code",), "write_file": ("path", "content"),
-                  "submit": ("code",)}[name]
+        params = PARAMETERS[name]
         if not _strings(args, params):
             return f"error: TypeError: {name}() takes {', '.join(params)} (strings)"
         if name == "write_file":
@@ -104,13 +105,6 @@ class AgentEnvironment(Environment):
             return "error: write inside the working folder"
         self.files[path] = content
         return f"wrote {len(content)} characters to {path}"
-
-    async def _grade(self, code: str) -> StepResult:
-        step = await self.inner.step(code)
-        if not step.done:  # a multi-step family: the submission is its last word
-            ended = await self.inner.end("answered")
-            step = StepResult("", step.reward + ended.reward, True, {**step.info, **ended.info})
-        return step
 
 
 def _strings(args: dict, params: tuple[str, ...]) -> bool:
