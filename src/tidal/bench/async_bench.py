@@ -34,24 +34,16 @@ time / async's; the JSON's headline figures are medians over the seeds, every ru
 
 Why this configuration (DEFAULTS): the async ceiling is (gen + train) / max(gen, train) per
 step, so generation per step on the worker's core should take about as long as (slightly longer
-than) the trainer's step on its core. Measured on this 2-core Intel Xeon (shared with other
-engineers' work, one-thread timings of the same steps in one process, alternating): the default
-recipe's 8 tasks x 8 samples generate and grade in ~5.2 s and train in ~3.5 s (ratio ~1.5,
-ceiling ~1.67); 16 tasks x 8 samples = 128 episodes generate and grade in 6.3-9.8 s (the
-engine decodes all 128 at once, ~46 generated tokens each, p90 71) and train in 5.5-7.8 s
-(ratio 0.9-1.4 with the machine's load; trainer.micro_batch_size 1-16 made no difference
-beyond that noise, and engine.max_new_tokens 64 none either): the trainer's time grows with the
-episodes, the batched decode's more slowly, so 128 episodes brings the two closest. One rollout
-worker with one thread: a second one on the same core only splits it. The budget
-(orchestrator.time_budget_s 210) fitted 18-23 synchronous and 35-38 asynchronous steps here; the measured per-step
-generation and training times of every run are in the JSON (generate_s_per_step,
+than) the trainer's step on its core. The trainer's time grows with the episodes, the batched
+decode's more slowly, so 16 tasks x 8 samples = 128 episodes brings the two closest on 2 cores.
+One rollout worker with one thread: a second one on the same core only splits it. The measured
+per-step generation and training times of every run are in the JSON (generate_s_per_step,
 train_s_per_step, and the ceiling they give). orchestrator.in_flight_updates is off: with it on,
-the async worker loaded each new version in the middle of its 128 episodes and recomputed their
-KV caches (engine.recompute_kv_on_reload), and its generation per step went from 7.2 s (the sync
-run's, where no version arrives mid-step) to 9.0 s, so async's step was 10.0 s against sync's
-12.1 s (seed 0, 210 s each); without it a worker keeps one version per assignment, every
-trajectory is exactly one version stale, and the synchronous side is unchanged (no version is
-published while it generates).
+the async worker loads each new version in the middle of its 128 episodes and recomputes their
+KV caches (engine.recompute_kv_on_reload), which slows its generation; without it a worker keeps
+one version per assignment, every trajectory is exactly one version stale, and the synchronous
+side is unchanged (no version is published while it generates). The timings behind these
+choices: docs/fleet.md, "Asynchronous vs synchronous, measured".
 
 Rollout-worker utilisation = busy (generating + grading) over worker-seconds of membership
 (summary.json's worker_busy_fraction). The simulator (tidal.fleet.simulate) is calibrated on the

@@ -27,11 +27,10 @@ tidal.bench.config), with the benchmark's defaults beneath it (``DEFAULTS``): th
 synchronous and in process (``orchestrator.backend = "local"``, one worker,
 ``max_staleness = 0``: on 2 cores more workers only compete with the trainer, and both modes must
 see exactly the same kind of budget), one held-out sample per task, "fast" numerics (on 2 CPU
-cores the deterministic trainer forward takes 2x as long: an RL step of 16 episodes at window 384
-took 25.6 s against 15.1 s, and this benchmark measures what RL learns in a wall-clock budget),
-RL at lr 3e-4 after 2 warm-up steps, then constant (it was 1e-4 without warm-up: Adam moves
-each weight by about lr a step, so 6-9 steps moved the policy by ~1e-3 a weight and success not
-beyond the noise). Per window the benchmark sets ``engine.max_seq_len``,
+cores the deterministic trainer forward makes an RL step much slower, and this benchmark
+measures what RL learns in a wall-clock budget), RL at lr 3e-4 after 2 warm-up steps, then
+constant (Adam moves each weight by about lr a step, so a few steps at a lower rate move the
+policy too little; docs/environments.md). Per window the benchmark sets ``engine.max_seq_len``,
 ``env.args`` (the window's LedgerConfig: its files sized by ``bench.horizon``; the other
 ledger settings are the user's ``env.args``) and ``harness`` (the family's settings, budgets
 twice what the expert needs; harness keys given apply on top, all but context_window and
@@ -40,10 +39,9 @@ context_mode). Each run's folder holds its full config.toml.
 Mid-training is next-token prediction of the scripted expert's turns and summaries in its
 episodes, in the harness's own token format (tidal.envs.ledger.demos): first a drill at a
 small window (one file per context, so a summary to copy every ~200 tokens), then the compared
-windows. Without the drill, 10 minutes on the compared windows taught the model to carry each
-step's operator but not its constant (success 0.00-0.12); with 5 + 5 minutes it carries both
-most of the time, and what it still gets wrong (two steps with the same operator swapped, a step
-never added) is what RL on the episode's reward can fix.
+windows: without the drill the model learns to carry each step's operator but not its constant
+(docs/environments.md), and what it still gets wrong after the drill (two steps with the same
+operator swapped, a step never added) is what RL on the episode's reward can fix.
 
 Figures: success = held-out pass@1, the fraction of held-out episodes whose f passes every
 hidden test (``Trajectory.solved``; one sample per task at the RL sampler); the reward RL sees
@@ -149,8 +147,9 @@ class BenchSection(Section):
     drill_window: int = Field(272, ge=272)
     """Mid-training starts with demonstrations at this small window, about one file per context,
     so every ~200 tokens end in a summary that copies the steps' constants. On the real windows
-    a summary comes every 400-500 tokens, and 10 minutes of that taught a tiny model each step's
-    operator but not its digit; the short contexts make the copy signal 2-3x denser per token.
+    a summary comes every 400-500 tokens, and there a tiny model learned each step's operator
+    but not its digit (docs/environments.md); the short contexts make the copy signal 2-3x
+    denser per token.
     (At 272 a file, the submit turn and a summary fit in one context; at 256 they do not, and
     the expert's episode never ends.)"""
     drill_files: int = Field(12, ge=2)
@@ -158,9 +157,7 @@ class BenchSection(Section):
     drill_steps: int = Field(1200, ge=0)
     """Optimizer steps of the drill stage (0 = no drill); the compared windows' stage has
     pretrain.max_steps. Both stages end on steps, so the model RL starts from does not depend
-    on the machine's speed: with 300 s a stage instead, one AMD EPYC made 760 drill and 438
-    window steps (success before RL 0.125) and a slower one with the same flags 675 and 306
-    (0.031)."""
+    on the machine's speed (with a time budget a stage it did: docs/environments.md)."""
     drill_s: float = Field(1800.0, ge=0)
     """Wall-clock safety net of the drill stage, seconds (0 = no drill; a stage cut by its budget
     anneals against the clock and is not reproducible, and says so); the compared windows'

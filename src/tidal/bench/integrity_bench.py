@@ -64,9 +64,8 @@ class BenchSection(Section):
     rl_levels: IntList = [3, 5]
     """The demonstration's RL tasks: fewest and most operations in f (env.args.levels), harder
     than the mid-training corpus's (the family's default levels, 1-3). There honest success is
-    rare and the hacks pay: measured here, a log-policy run went from a 5% to a 60-90% cheat
-    rate within 20 steps on these levels, while on levels 1-3 (honest pass ~70%) it stayed at
-    5-15% for 32 steps."""
+    rare and the hacks pay, so a run without detection learns to cheat within the benchmark's
+    budget; on levels 1-3 it barely does (docs/integrity.md)."""
 
 
 def run(bench: BenchSection, cfg: TidalConfig, json_path: str | None) -> int:

@@ -29,11 +29,9 @@ def set_openmp_wait_policy(command: str) -> bool:
     commands alone on the machine. A policy the user set is kept. Returns whether PASSIVE is
     tidal's default here (``tidal train`` then mid-trains in a child process without it).
 
-    Why: on 2 Intel cores (a VM) waking a sleeping OpenMP thread costs so much per parallel
-    region that a PASSIVE mid-training step with 2 threads took 370-650 ms against 330 ms with
-    OpenMP's default (1 thread: ~610 ms), while on cores shared with other busy processes the
-    spinning policy made 2-thread steps several times slower (hence run.pretrain_threads = 0
-    measures both 1 thread and all of them, and keeps the faster)."""
+    Why: spinning threads steal cores that rollout workers and sandboxes need, while alone on
+    the machine waking a sleeping thread at every parallel region makes a mid-training step
+    slower (docs/results/notes-midtraining.md)."""
     if "OMP_WAIT_POLICY" in os.environ:
         return False
     if command in ALONE_ON_THE_MACHINE:

@@ -195,8 +195,7 @@ def start_learner(parts: ServerParts):
 def freeze_startup_objects() -> None:
     """Move everything built so far (torch, transformers, the models) out of the garbage
     collector's sight (``gc.freeze``), so a full collection does not walk them while requests
-    wait. Measured once, with a benchmark client that itself started late: feedback p99 at
-    500 events/s 150 -> 96 ms; most of that tail was the client (fixed since: p99 8 ms)."""
+    wait (it shortened the feedback latency tail: docs/online.md, "Learning")."""
     import gc
 
     gc.collect()

@@ -19,8 +19,8 @@ class RunConfig(Section):
     "Reproducibility")."""
     trainer_threads: int = Field(2, ge=0)
     """torch CPU threads of the RL trainer's process (trainer and held-out evaluation); 0 =
-    torch's default (one per core). Measured on 2 cores with 2 one-thread workers: 2 threads gave
-    2.1 s/step against 2.8 s/step with 1."""
+    torch's default (one per core). 2 by default: on 2 cores beside one-thread rollout workers the
+    trainer's step is still faster on both cores than on one (docs/training.md)."""
     worker_threads: int = Field(1, ge=0)
     """torch CPU threads in each rollout worker; 0 = torch's default."""
     trainer_cpus: list[int] = Field(default_factory=list)
@@ -34,7 +34,7 @@ class RunConfig(Section):
     1, whichever runs steps faster, re-checked now and then (pretrain.loop.ThreadTuner). On a
     machine whose cores other processes also use, 1 is faster: an OpenMP parallel region waiting
     for a thread whose core is busy can make each step several times slower; on free cores all
-    of them are (~1.9x one thread on 2 cores). The choice changes no bit of the result:
+    of them are. The choice changes no bit of the result:
     mid-training runs MKL in its strict reproducible mode, where a matmul's bits do not depend on
     the thread count (tidal.numerics.mkl_cnr); where that mode cannot be had (MKL already ran in
     the process, as when a script calls pretrain() after other work) the count stays fixed."""

@@ -27,23 +27,19 @@ process and shape): oneDNN runs from the first of them where it is clearly faste
 ONEDNN_MARGIN = 0.9
 """oneDNN must take at most this fraction of MKL's time to be chosen (timings are noisy)."""
 MATMUL_ATTENTION_MIN_ROWS = 4
-"""Decode batches from this size attend with two batched matmuls, smaller ones with SDPA.
-Measured (1 thread, kv_len 17-80, tiny's 6 q / 2 kv heads, us per call; SDPA with each kv
-head's q heads as its queries): 1 row 11-13 vs 5-7; 16 rows 24-50 vs 23-51; 64 rows 65-175
-vs 84-199. SDPA over the 6 heads with enable_gqa was slower than both (7-9, 29-60, 104-231)."""
+"""Decode batches from this size attend with two batched matmuls, smaller ones with SDPA: SDPA
+is the faster at one row, the matmuls at many (docs/numerics.md, "The fast op set's switches")."""
 
 
 class PackedLinear:
     """y = x @ weight.T for x [..., in], on the faster CPU GEMM per call.
 
-    torch's fp32 ``F.linear`` on CPU calls MKL's sgemm. On an AMD EPYC (Zen 5) MKL takes a generic
-    path and runs the multi-row matmuls of a batched decode step at ~55-75 GFLOP/s; oneDNN with
-    the weight reordered once into its blocked layout runs them ~1.5-2x faster (1 thread, us per
-    call, MKL / oneDNN: 16x1024x192 75/40, 64x1024x192 250/113, 16x192x512 36/23, 1x1024x192
-    12/19). oneDNN costs ~11 us per call whatever the size (~15 us on an Intel Xeon, where MKL's
-    small-matrix path is also much better: 320x192 at 16 rows 23 us on MKL against 33 us), so
-    where the switch pays is a fact of the machine: ``onednn_from_rows`` measures it once per
-    process and matrix shape. Both sum in their own orders: outputs agree to float rounding, not
+    torch's fp32 ``F.linear`` on CPU calls MKL's sgemm, which on some CPUs takes a generic path
+    for a batched decode step's multi-row matmuls; oneDNN with the weight reordered once into its
+    blocked layout can run those ~1.5-2x faster, but pays a fixed cost per call, and elsewhere
+    MKL's small-matrix path wins (docs/numerics.md, "The fast op set's switches"). So where the
+    switch pays is a fact of the machine: ``onednn_from_rows`` measures it once per process and
+    matrix shape. Both sum in their own orders: outputs agree to float rounding, not
     bit for bit (this is the fast op set). oneDNN is used only for CPU fp32 tensors with mkldnn
     built in; elsewhere this is plain ``F.linear``. The packed copy doubles the matrix's memory."""
 

@@ -8,9 +8,8 @@ at 1 and at 2 threads gave bit-equal forwards but gradients up to 6e-9 apart, an
 run.pretrain_threads = 0 switches between the two by timing (pretrain.loop.ThreadTuner). In
 strict mode (what MKL_CBWR=AUTO,STRICT asks for) the two are bit-equal.
 
-Cost, measured on an Intel Xeon (AVX-512): a mid-training step of the default recipe ~1-3% more
-process time; a one-row matmul (a GEMV: batch-1 decode) ~1.6-2.3x slower (192x192: 5.0 -> 7.9
-us; 1024x192: 16.7 -> 32.5 us), 16 rows and more unchanged. Hence only mid-training turns it on.
+Cost: a few percent of a mid-training step, but one-row matmuls (batch-1 decode) about twice as
+slow (docs/numerics.md, "Reproducibility"). Hence only mid-training turns it on.
 
 MKL fixes the mode at its first call in a process, so ``enable_strict`` works only before
 anything has run a matmul: mid-training in a process of its own (`tidal train` spawns one,

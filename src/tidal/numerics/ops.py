@@ -86,9 +86,8 @@ LINEAR_PATHS: dict[torch.dtype, tuple[str, ...]] = {
 that is batch-invariant here. onednn: oneDNN's linear on a weight packed once (fp32). native:
 ``F.linear`` in the dtype. -padded: the same kernel with a one-row call made two rows (a zero row
 added, its output dropped): one row alone takes another kernel (a GEMV) that can sum in another
-order than the GEMM of two rows or more (on an AMD EPYC with native bf16, bf16 ``F.linear`` and
-oneDNN's fp32 linear both held at SmolLM2's 1536-wide down projection from 2 rows up and not at 1
-row); it costs one row at batch-1 decode only. fp32-accumulate: the bf16 operands upcast to fp32 (exact: a bf16 value
+order than the GEMM of two rows or more (docs/numerics.md, "-padded"); it costs one row at
+batch-1 decode only. fp32-accumulate: the bf16 operands upcast to fp32 (exact: a bf16 value
 is an fp32 value, and so is the product of two), oneDNN's packed fp32 linear, one rounding to
 bf16 at the end; on a CPU without native bf16 it is also ~4x faster than bf16 ``F.linear``.
 split-k: the input width cut into blocks of SPLIT_K columns, each block's product a packed fp32
@@ -281,9 +280,8 @@ like its many-row ones: probed); padded: at least MIN_MATMUL_ROWS rows, so one q
 take the same kernels; -fp32: q, k and v upcast first (exact), the output rounded once.
 keys-first (bf16): unpadded, with the scores computed as (keys @ queries^T)^T, keys the matmul's
 rows: bf16 ``bmm`` copies a transposed right operand, and the keys' transpose of a decode step is
-the whole cache window (on an AMD EPYC with native bf16 that copy was 2/3 of a decode step's
-score matmul: 166 us against 428 us at 32 rows x 192 keys; in fp32 the transposed form is the
-faster one, 190 us against 390 us, so fp32 keeps it)."""
+the whole cache window, most of the score matmul's time; in fp32 the transposed form is the
+faster one, so fp32 keeps it (docs/training.md, "More RL steps per CPU-second")."""
 UNPADDED_PATHS = ("unpadded", "keys-first")
 """The attention paths that do not pad a kv head's q heads to MIN_MATMUL_ROWS."""
 

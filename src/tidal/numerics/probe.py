@@ -32,9 +32,8 @@ the deterministic mode refuses to start (``DeterminismUnavailable``) instead of 
 "deterministic" while being wrong.
 
 Costs: each candidate's time per call at 16 rows is measured for ``tidal doctor``; it never
-decides anything. The whole probe takes ~0.3 s of one core per dtype on the tiny presets (with
-``OMP_WAIT_POLICY=PASSIVE``, as the CLI sets it; OpenMP's active spin-wait under load makes its
-2-thread checks several times dearer) and is cached per (shapes, dtype, threads) for the process.
+decides anything. The whole probe takes ~0.3 s of one core per dtype on the tiny presets
+(docs/numerics.md) and is cached per (shapes, dtype, threads) for the process.
 """
 
 from __future__ import annotations
@@ -198,10 +197,10 @@ def _each_thread_count(threads: tuple[int, ...]):
 def rows_invariant(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
                    threads: tuple[int, ...]) -> str:
     """'' if ``fn``'s output rows for every slice of ``x`` [R, ...] equal the whole batch's, at
-    every thread count; else what differed. Every row is also checked alone: bf16 ``F.linear``
-    on an Intel Xeon without native bf16 gave one row alone other bits than in a batch at rows
-    33, 36, 40, ... of 136 (a value-dependent last-bit difference), which slices at two offsets
-    never saw, and decode (one row per sequence) then parted from the full forward."""
+    every thread count; else what differed. Every row is also checked alone: a kernel can give
+    one row alone other bits than in a batch (a value-dependent last-bit difference) that slices
+    at two offsets never see, and decode (one row per sequence) then parts from the full
+    forward (docs/numerics.md)."""
     full = None
     with torch.no_grad():
         for n in _each_thread_count(threads):
@@ -251,10 +250,9 @@ def cancelling_linear_inputs(rows: int, out_dim: int, in_dim: int, dtype: torch.
     """(x [rows, in], weight [out, in]) whose dot products nearly cancel: x's second half repeats
     its first, the weight's second half is minus its first plus 1% noise, so every output is a
     small sum of large terms. Why: a kernel that re-associates its sum for some row counts changes
-    a bf16 output only where the fp32 rounding error reaches half a bf16 ulp; on plain normal
-    inputs that happens to ~1e-4 of the outputs (so 136 rows can pass by luck: bf16 ``F.linear``
-    on an Intel Xeon with AMX did, then gave the engine and the trainer other bits at K = 512),
-    on these to ~1e-2 (measured with two blockings of a 512-wide sum)."""
+    a bf16 output only where the fp32 rounding error reaches half a bf16 ulp: on plain normal
+    inputs to ~1e-4 of the outputs, so a non-invariant kernel can pass by luck; on these to
+    ~1e-2 (docs/numerics.md)."""
     g = torch.Generator().manual_seed(seed)
     half, rest = in_dim // 2, in_dim - 2 * (in_dim // 2)
     x = torch.randn(rows, half, generator=g)
@@ -267,9 +265,9 @@ def cancelling_linear_inputs(rows: int, out_dim: int, in_dim: int, dtype: torch.
 
 def _probe_linear(dtype: torch.dtype, shapes: ProbeShapes, threads) -> ProbeResult:
     """The first candidate that holds at every matrix shape is ``path``; a matrix on which an
-    earlier candidate holds runs that one (``by_shape``). Why per shape: on an Intel Xeon with
-    AMX bf16 ``F.linear`` is row-invariant at K = 192 and not at K = 512, and fp32-accumulate
-    costs ~1.5x at 16 rows and more on the trainer's batches."""
+    earlier candidate holds runs that one (``by_shape``). Why per shape: a kernel can be
+    row-invariant at one input width and not at another, and the fallback costs more (bf16
+    fp32-accumulate against native: docs/numerics.md)."""
     from tidal.numerics.ops import LINEAR_PATHS, DeterministicLinear
 
     largest = max(shapes.matrices, key=lambda m: m[0] * m[1])

@@ -105,16 +105,15 @@ class LearnerConfig(Section):
     """Drop (and count) events whose response came from a version more than this many learner
     steps behind; the recorded logprobs correct the rest (trainer.off_policy)."""
     lr: float = Field(4e-4, gt=0)
-    """Learning rate of the online learner (the run's trainer section gives the rest). Measured
-    once each on the default funcs model, 64 graded samples per step, 128 tasks sampled for the
-    pass rate (0.49 at the start): 4e-4 serving each version for 4 steps reached 0.58 after 4
-    steps and 0.60 after 8; 1e-3 updating every step fell to 0.40 by step 8."""
+    """Learning rate of the online learner (the run's trainer section gives the rest): 4e-4
+    raised the default funcs model's pass rate where 1e-3 lowered it (docs/online.md,
+    "Learning")."""
     threads: int = Field(1, ge=1)
     """torch threads of the learner process (the server keeps the rest)."""
     nice: int = Field(10, ge=0, le=19)
     """How much lower the learner's CPU priority is than the server's (os.nice): serving and
-    the feedback acks are latency-bound, training is throughput-bound. On 2 shared cores the
-    p99 of feedback at 500 events/s was 74 ms while the learner trained at the same priority."""
+    the feedback acks are latency-bound, training is throughput-bound (docs/online.md,
+    "Learning")."""
 
 
 class GateConfig(Section):

@@ -15,12 +15,13 @@ BUDGET_REASONS = ("turn_budget", "token_budget")
 
 
 class GuardConfig(Section):
-    """What counts as a collapse and what the run does about one (tidal.orchestrator.guard).
+    """What counts as a collapse and what the run does about one (tidal.orchestrator.guard;
+    docs/training.md, "The guard").
 
     Each detector compares a figure of the latest step (or evaluation) with the run's recent
     level, so a healthy run's noise (a training pass rate that moves +-0.15 between steps of 64
-    episodes) stays quiet and a collapse (the pass rate falling from 0.97 to 0.48 to 0.08 within
-    a few steps, entropy rising 0.006 -> 0.33, then every reward 0) is caught within a few steps.
+    episodes) stays quiet and a collapse (the pass rate falling to near 0 and entropy rising
+    within a few steps, then every reward 0) is caught within a few steps.
     """
 
     policy: Literal["restore", "stop", "log", "off"] = "restore"

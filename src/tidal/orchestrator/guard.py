@@ -156,11 +156,9 @@ class PassCrash:
 
     Why the spread: a step's pass rate depends on which tasks it drew, and the episodes of one
     task are not independent samples (a near-deterministic policy solves all of a group or none),
-    so with few tasks a step the binomial error over episodes understates the noise. Measured: in
-    ``tidal bench horizon`` (ledger, W384, 4 tasks x 4 episodes a step, entropy ~0.002 nats) the
-    healthy pass rate went 0.88, 0.50, 0.81, 0.81, 0.50, 0.25, 0.44, 0.81, 0.75, 0.00, 0.62, 0.25,
-    0.19 and the binomial margin alone fired a restore at step 18 (tests/test_guard.py keeps the
-    sequence)."""
+    so with few tasks a step the binomial error over episodes understates the noise; the binomial
+    margin alone restored a healthy multi-turn run (docs/training.md; tests/test_guard.py keeps
+    the sequence)."""
 
     name = "pass_crash"
 
@@ -271,10 +269,9 @@ class InvalidSurge(ReasonSurge):
 class BudgetSurge(ReasonSurge):
     """The share of a step's episodes that the harness ended on its turn or token budget
     (``budget_reasons``) rising by ``budget_rise``. A multi-turn policy that loses its way keeps
-    calling tools and never submits, before (or without) its calls turning malformed. Measured
-    (ledger, W384, lr 1e-3): episodes ending on a budget went 0 -> 11 -> 12 -> 15 -> 15 -> 16 of
-    16 over steps 26-31 and turns per episode 51 -> 90, while tool errors were still 6% and 21% of turns
-    at steps 27 and 28; this fires at step 28, tool_error_surge at step 31."""
+    calling tools and never submits, before (or without) its calls turning malformed, so this
+    fires steps before tool_error_surge (docs/training.md; tests/test_guard.py keeps the
+    sequence)."""
 
     name, what = "budget_surge", "episodes ended on a budget"
 

@@ -380,8 +380,8 @@ class Run:
 
     def run(self) -> RunSummary:
         # The pools first: Ray workers start loading at once (a process, imports, the model, the
-        # numerics probe, warm sandboxes; the first RL step came 16-65 s into the default
-        # recipe's 360 s budget on a busy 2-core machine) while the driver evaluates before RL.
+        # numerics probe, warm sandboxes) while the driver evaluates before RL, so their start-up
+        # does not count against the RL budget (docs/training.md).
         pool = self.make_pool()
         try:
             resumed = self.state.step > 0

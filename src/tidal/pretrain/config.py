@@ -23,30 +23,24 @@ class PretrainConfig(Section):
     """Linear learning-rate warm-up, optimizer steps."""
     max_steps: int = Field(1200, ge=1)
     """Optimizer steps (the run stops at whichever of max_steps / time_budget_s comes first).
-    The default recipe stops on steps, so a machine shared with other work gets the same model,
-    only later: 1200 steps take ~300 s on 2 free cores of an AMD EPYC in bf16 and 437 s on an
-    Intel Xeon without native bf16 in fp32. A run that ends on steps is reproducible bit for bit
-    (same config, seed and machine: the same losses and weights; before that was so, two fresh
-    clones of the default recipe reached held-out pass@1 0.307 and 0.039 before RL); a time
-    budget of 300 s gave a loaded machine 808 steps and a model with held-out pass@1 0.04
-    instead of ~0.38."""
+    The default recipe stops on steps, so a run is reproducible bit for bit (same config, seed
+    and machine) and a machine shared with other work gets the same model, only later; a run
+    cut by a time budget gets a model that depends on the machine's load
+    (docs/results/notes-midtraining.md)."""
     time_budget_s: float = Field(1800.0, gt=0)
     """Wall-clock budget of the training steps, seconds: a safety net (building the corpus and
     saving are outside it), about 4x what the default 1200 steps take on 2 free cores, so a
-    machine shared with other work still ends on steps and reproducibly (on this Intel Xeon with
-    another training job beside it, the default 1200 steps were on course for ~950 s, past the
-    900 s this budget used to be). The learning rate is a function of the step alone until the last
-    10% of the budget (loop.BUDGET_COOLDOWN); a run still going then anneals against the clock,
-    so one cut by its budget still ends at the low learning rate. Such a run depends on the
-    machine's speed and is not reproducible: its metrics say ``budget_bound`` and a warning is
-    logged."""
+    machine shared with other work still ends on steps and reproducibly. The learning rate is a
+    function of the step alone until the last 10% of the budget (loop.BUDGET_COOLDOWN); a run
+    still going then anneals against the clock, so one cut by its budget still ends at the low
+    learning rate. Such a run depends on the machine's speed and is not reproducible: its
+    metrics say ``budget_bound`` and a warning is logged."""
     weight_decay: float = Field(0.1, ge=0)
     """AdamW weight decay, applied to matrices (embeddings, projections) only, not norms."""
     dtype: DtypeName = "auto"
     """Compute dtype of the forward pass (CPU/GPU autocast); weights and optimizer state stay fp32.
-    "auto" = bfloat16 where this CPU computes bf16 natively (avx512_bf16 or AMX), where it nearly
-    halves step time, else float32: on a CPU that emulates bf16 (an Intel Xeon without
-    avx512_bf16/AMX) a bf16 matmul is ~4x slower than fp32."""
+    "auto" = bfloat16 where this CPU computes bf16 natively (avx512_bf16 or AMX), else float32:
+    emulated bf16 makes a matmul ~4x slower than fp32."""
     grad_clip: float = Field(1.0, gt=0)
     """Clip the global gradient norm to this value."""
     log_every: int = Field(10, ge=1)

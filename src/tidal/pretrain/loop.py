@@ -216,11 +216,10 @@ class ThreadTuner:
     keeps the winner for ``hold`` steps, doubling that each time the same choice wins again
     (other work may come to the machine or leave it; a stable machine is probed ever less).
 
-    Why: with all cores a step is fastest on a machine otherwise idle (2 cores: ~1.9x one
-    thread), but several times slower than one thread while other processes keep a core busy
-    (an OpenMP parallel region waits for its slowest thread); which one holds is known only by
-    measuring. The choice changes no bit of the result where MKL runs in strict CNR mode
-    (``thread_tuner`` uses the tuner only there)."""
+    Why: with all cores a step is fastest on a machine otherwise idle, but several times slower
+    than one thread while other processes keep a core busy (an OpenMP parallel region waits for
+    its slowest thread); which one holds is known only by measuring. The choice changes no bit
+    of the result where MKL runs in strict CNR mode (``thread_tuner`` uses the tuner only there)."""
 
     def __init__(self, choices: list[int], probe: int = 3, hold: int = 100, max_hold: int = 800):
         self.choices = list(dict.fromkeys(choices))

@@ -2,11 +2,11 @@
 
 Which hash: a manifest names it (``WeightManifest.hash``). New versions use BLAKE3: a
 cryptographic hash (256-bit, a Merkle tree of 1 KiB leaves inside) that runs ~3x faster per core
-than SHA-256 on CPUs with SHA-NI (measured on this machine, Xeon with AVX-512: 4.1–4.8 GB/s
-against 1.4 GB/s, docs/sync.md) and releases the GIL. Manifests written before it carry no
-``hash`` field and mean SHA-256, which is still verified. Re-hashing the applied bytes of a small
-update is most of its delivery time (≈214 MB for a 1.8 MB delta of workload a), so the cheaper
-hash is what makes delivery fast while every tensor's final bytes stay checked.
+than SHA-256 on CPUs with SHA-NI (docs/sync.md) and releases the GIL. Manifests written before
+it carry no ``hash`` field and mean SHA-256, which is still verified. Re-hashing the applied
+bytes of a small update is most of its delivery time (≈214 MB for a 1.8 MB delta of workload
+a), so the cheaper hash is what makes delivery fast while every tensor's final bytes stay
+checked.
 
 Hashing must not wait for the last chunk: as soon as a tensor's leading chunks are applied their
 bytes go into that tensor's running hasher in a thread pool (hashlib and blake3 release the GIL),
