@@ -22,7 +22,7 @@ from tidal.bench.async_figures import (
 from tidal.bench.async_runs import EVAL_SPANS, run_figures
 from tidal.bench.config import parse
 from tidal.config import ConfigError
-from tidal.fleet.config import capacity_at
+from tidal.orchestrator.topology import capacity_at
 
 
 def step(n, wall, trajs=4, dropped=0, hist=None):

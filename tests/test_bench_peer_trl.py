@@ -11,7 +11,7 @@ import pytest
 import transformers
 
 from tidal.bench.peer_trl import FuncsReward, PeerSpec, WallBudget, instruct_funcs
-from tidal.envs.funcs import sample_tasks
+from tidal.families.funcs import sample_tasks
 from tidal.sandbox import Sandbox, SandboxConfig
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"

@@ -2,7 +2,8 @@
 
 import pytest
 
-from tidal.cli import main, split_overrides
+from tidal.cli import main
+from tidal.config.loader import split_overrides
 from tidal.config import ConfigError, TidalConfig, load_config, parse_overrides
 from tidal.section import Section
 
@@ -120,7 +121,7 @@ def test_dry_run_loads_the_environment_and_fails_on_a_bad_one(capsys):
     assert "env.args.max_levle is not a setting" in capsys.readouterr().err
     assert main(["train", "--dry-run", "--env.args.max_level", "2"]) == 0
     out = capsys.readouterr().out
-    assert "# env: funcs (tidal.envs.funcs), args {" in out and '"max_level": 2' in out
+    assert "# env: funcs (tidal.families.funcs), args {" in out and '"max_level": 2' in out
 
 
 def test_train_checks_the_environment_before_mid_training(tmp_path, monkeypatch, capsys):

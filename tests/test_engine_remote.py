@@ -26,9 +26,9 @@ from tidal.model.checkpoint import save_pretrained
 from tidal.model.presets import preset
 from tidal.model.qwen3 import build_model
 from tidal.model.tokenizer import ByteTokenizer
-from tidal.online.weights import weights_digest
+from tidal.online.version_sync import weights_digest
 from tidal.sync.config import SyncConfig
-from tidal.sync.weight_store import HttpWeightPublisher
+from tidal.sync.transport import HttpWeightPublisher
 
 ENGINE = ["--engine.max_seq_len", "128", "--engine.max_new_tokens", "16",
           "--engine.max_batch_size", "8"]
@@ -206,8 +206,8 @@ def test_a_silent_server_fails_the_request_after_the_timeout_and_retries():
 
 def test_a_worker_whose_server_stops_answering_raises_from_its_rollout(tmp_path):
     """What the orchestrator sees as a dead worker (scheduler.fail: replaced, assignment re-run)."""
-    from tidal.orchestrator.weights import FilesystemWeightStore
     from tidal.orchestrator.worker import Assignment, RolloutWorker
+    from tidal.sync.transport import FilesystemWeightStore
 
     silent = Silent()
     cfg = load_config(None, [
@@ -294,9 +294,9 @@ def test_router_replay_required_without_expert_ids_is_a_config_error_at_start():
 @pytest.mark.slow  # a tidal serve child process
 def test_a_version_from_a_weights_folder_is_served_with_its_tensors_digest(served, tmp_path):
     from tidal.model.checkpoint import to_hf_state_dict
-    from tidal.online.weights import tensors_digest
-    from tidal.orchestrator.weights import FilesystemWeightStore
+    from tidal.online.version_sync import tensors_digest
     from tidal.sync.tensors import bits_of
+    from tidal.sync.transport import FilesystemWeightStore
 
     _, url, model, _ = served
     store = FilesystemWeightStore(tmp_path / "weights")

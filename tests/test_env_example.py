@@ -19,8 +19,8 @@ from tidal.engine.config import EngineConfig
 from tidal.engine.engine import Engine
 from tidal.engine.request import GenerationResult
 from tidal.env import OBS_OPEN, format_call, load_environment
-from tidal.envs import funcs
-from tidal.envs.fixit.environment import (FixitConfig, code_of, numbered, phrase_of, sample_tasks,
+from tidal.families import funcs
+from tidal.families.fixit.environment import (FixitConfig, code_of, numbered, phrase_of, sample_tasks,
                                           source_of)
 from tidal.harness import HarnessConfig, run_episodes
 from tidal.model import ByteTokenizer, build_model, preset
@@ -39,7 +39,7 @@ def sandbox():
 def test_the_docs_list_the_example_verbatim():
     doc = (ROOT / "docs/environments.md").read_text()
     listing = re.search(r"<!-- fixit.py -->\n```python\n(.*?)```", doc, re.S).group(1)
-    assert listing == (ROOT / "src/tidal/envs/fixit/environment.py").read_text()
+    assert listing == (ROOT / "src/tidal/families/fixit/environment.py").read_text()
 
 
 def test_tasks_are_deterministic_splits_disjoint_and_each_file_fails_its_tests():
@@ -58,21 +58,21 @@ def test_tasks_are_deterministic_splits_disjoint_and_each_file_fails_its_tests()
         assert t.level == len(t.tests.spec)  # ... and every comment says what its line should do
 
 
-PUBLIC_MODULES = {"tidal.env", "tidal.envs", "tidal.envs.funcs", "tidal.envs.fixit.environment",
+PUBLIC_MODULES = {"tidal.env", "tidal.families", "tidal.families.funcs", "tidal.families.fixit.environment",
                   "tidal.harness", "tidal.model"}
 """What a user's environment could import too (no harness, engine or family internals)."""
 
 
 def test_fixit_uses_only_public_names():
-    for path in (ROOT / "src/tidal/envs/fixit").glob("*.py"):
+    for path in (ROOT / "src/tidal/families/fixit").glob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module.startswith("tidal"):
-                assert node.module in PUBLIC_MODULES | {"tidal.envs.fixit.corpus"}, (path, node.module)
+                assert node.module in PUBLIC_MODULES | {"tidal.families.fixit.corpus"}, (path, node.module)
                 assert not any(a.name.startswith("_") for a in node.names), (path, node.module)
             if isinstance(node, ast.Attribute):
                 assert not (node.attr.startswith("_") and not node.attr.startswith("__")), (path, node.attr)
-    assert "._slip" not in (ROOT / "src/tidal/envs/fixit/environment.py").read_text()
+    assert "._slip" not in (ROOT / "src/tidal/families/fixit/environment.py").read_text()
 
 
 # ---------------------------------------------------------------- the tool
@@ -178,7 +178,7 @@ def test_a_fix_that_passes_some_tests_earns_nothing_for_them(sandbox):
 
 
 def _written(task):
-    from tidal.envs.fixit.corpus import steps_of
+    from tidal.families.fixit.corpus import steps_of
 
     return steps_of(task.files["calc.py"])
 
@@ -289,7 +289,7 @@ def test_a_slip_free_expert_always_fixes_the_line():
 
 
 def test_the_corpus_grader_agrees_with_the_sandbox(sandbox):
-    from tidal.envs.fixit.corpus import expert_plan, grade_written
+    from tidal.families.fixit.corpus import expert_plan, grade_written
 
     spec = load_environment("fixit", sandbox=None)
     seen = []
@@ -312,7 +312,7 @@ def test_the_corpus_grader_agrees_with_the_sandbox(sandbox):
 
 
 def test_the_broken_line_keeps_its_constant_and_changes_its_operator():
-    from tidal.envs.fixit.corpus import steps_of
+    from tidal.families.fixit.corpus import steps_of
 
     for task in sample_tasks(FixitConfig(), 300, 2, False):
         written, spec = steps_of(task.files["calc.py"]), task.tests.spec

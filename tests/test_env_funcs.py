@@ -10,8 +10,8 @@ from tidal.env import from_config
 from tidal.harness import run_episodes
 from tidal.model import ByteTokenizer, build_model, preset
 from tidal.sandbox import Sandbox
-from tidal.envs import funcs as family
-from tidal.envs.funcs import grade_many
+from tidal.families import funcs as family
+from tidal.families.funcs import grade_many
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_single_turn_rollouts_match_generate_then_grade(setup):
 
 # --- prompt_style = "instruct": the family asked in plain English, for a chat model -------------
 
-from tidal.envs.funcs.grader import extract_code  # noqa: E402
+from tidal.families.funcs.grader import extract_code  # noqa: E402
 
 
 def test_instruct_prompt_states_the_task_in_plain_english():
@@ -92,7 +92,7 @@ def test_instruct_answers_are_graded_from_their_code_block(setup):
 
 
 def test_partial_credit_rewards_the_fraction_passed_and_never_solves():
-    from tidal.envs.funcs import Grade, reward_of
+    from tidal.families.funcs import Grade, reward_of
 
     half = Grade(0.0, "wrong_answer", 3, 6, 0.0)
     assert reward_of(half) == 0.0 and reward_of(half, 0.5) == pytest.approx(0.25)

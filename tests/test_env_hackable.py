@@ -8,9 +8,9 @@ import random
 import pytest
 
 from tidal.env import EnvironmentArgsError, load_environment
-from tidal.envs import funcs, hackable
-from tidal.envs.hackable import HACKS, HackableConfig, hack_body
-from tidal.integrity.records import TraceEvent
+from tidal.families import funcs, hackable
+from tidal.families.hackable import HACKS, HackableConfig, hack_body
+from tidal.evidence.records import TraceEvent
 from tidal.sandbox import Sandbox, SandboxConfig
 
 

@@ -27,9 +27,9 @@ import pytest
 from harness_fakes import ScriptedEngine
 from tidal.engine.request import GenerationResult
 from tidal.env import OBS_OPEN, EnvironmentArgsError, format_call, load_environment
-from tidal.envs import funcs, pyrepo
-from tidal.envs.pyrepo import HIDDEN_FILE, OPS_FILE, VISIBLE_FILE, PyrepoConfig
-from tidal.envs.pyrepo.grader import read_verdict
+from tidal.families import funcs, pyrepo
+from tidal.families.pyrepo import HIDDEN_FILE, OPS_FILE, VISIBLE_FILE, PyrepoConfig
+from tidal.families.pyrepo.grader import read_verdict
 from tidal.harness import HarnessConfig, run_episodes
 from tidal.integrity.detect import detect
 from tidal.model import ByteTokenizer

@@ -7,8 +7,8 @@ import pytest
 
 from harness_fakes import ScriptedEngine
 from tidal.env import load_environment
-from tidal.envs import requests as family
-from tidal.envs.funcs import grade_many
+from tidal.families import requests as family
+from tidal.families.funcs import grade_many
 from tidal.harness import HarnessConfig, run_episodes
 from tidal.sandbox import Sandbox, SandboxConfig
 

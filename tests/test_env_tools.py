@@ -193,7 +193,7 @@ def test_rubric_weights_and_parts():
 def test_registry_loads_builtins_and_module_paths_and_names_unknowns():
     spec = load_environment("funcs", sandbox=None)
     assert isinstance(spec, EnvironmentSpec) and spec.name == "funcs"
-    by_path = load_environment("tidal.envs.fixit", sandbox=None, max_level=1)
+    by_path = load_environment("tidal.families.fixit", sandbox=None, max_level=1)
     assert by_path.name == "fixit" and all(t.tests.level == 1 for t in by_path.sample_tasks(4, 0, False))
     for unknown in ("no_such_env_anywhere", "tidal.env.no_such_module"):
         with pytest.raises(UnknownEnvironment, match="not a known environment"):

@@ -3,7 +3,7 @@
 import pytest
 
 from tidal.config import ConfigError, load_config
-from tidal.fleet.config import CapacityPoint, FleetConfig, PoolConfig, capacity_at
+from tidal.orchestrator.topology import CapacityPoint, FleetConfig, PoolConfig, capacity_at
 from tidal.fleet.lease import LeaseError, LeaseTable
 from tidal.orchestrator.scheduler import Scheduler, split_step
 from tidal.orchestrator.worker import RolloutResult

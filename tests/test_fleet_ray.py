@@ -11,7 +11,7 @@ import pytest
 from test_orchestrator import TINY
 
 from tidal.config import load_config
-from tidal.fleet.config import PoolConfig
+from tidal.orchestrator.topology import PoolConfig
 from tidal.model import build_model, save_pretrained
 from tidal.orchestrator.loop import run_rl
 from tidal.orchestrator.pool import OrchestratorError, worker_ids

@@ -21,10 +21,12 @@ from tidal.env import from_config
 from tidal.fleet.auth import SIGNATURE_HEADER, sign
 from tidal.fleet.coordinator import EPOCH_HEADER, LEASE_HEADER, Coordinator
 from tidal.fleet.join import FleetClient, Joined
+from tidal.fleet.pools import RemoteFleet
 from tidal.fleet.remote import RemotePool
 from tidal.fleet.wire import StepTasks, decode_assignment, encode_results
-from tidal.orchestrator.loop import plan_step, run_rl
-from tidal.sync.weight_store import HttpWeightPublisher
+from tidal.orchestrator.loop import run_rl
+from tidal.orchestrator.planning import plan_step
+from tidal.sync.transport import HttpWeightPublisher
 
 TOKEN = "test-fleet-token-" + "x" * 16
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -65,7 +67,7 @@ class Trainer:
 
     def _run(self, cfg, init):
         try:
-            self.summary = run_rl(cfg, self.run_dir, init, progress=False)
+            self.summary = run_rl(cfg, self.run_dir, init, progress=False, remote_pools=RemoteFleet)
         except BaseException as e:  # noqa: BLE001 - re-raised by finish()
             self.error = e
 
@@ -301,8 +303,8 @@ def test_a_killed_worker_or_pool_loses_nothing(tmp_path, ckpt, kill):  # noqa: F
 
 @pytest.mark.slow
 def test_a_relay_gone_the_puller_falls_back_to_the_origin(tmp_path, ckpt):  # noqa: F811
+    from tidal.sync.origin import STATS, ServerThread, make_app
     from tidal.sync.relay import Relay
-    from tidal.sync.server import STATS, ServerThread, make_app
 
     cfg = fleet_cfg(tmp_path, ("far",), "--orchestrator.steps", "4")
     trainer = Trainer(cfg, tmp_path / "run", ckpt)
@@ -332,7 +334,7 @@ class CutProxy:
     def __init__(self, target: str):
         from aiohttp import ClientSession, web
 
-        from tidal.sync.server import ServerThread
+        from tidal.sync.origin import ServerThread
 
         self.target, self.cut, self.failed = target, False, 0
 

@@ -11,15 +11,9 @@ import pytest
 from tidal.cli import main
 from tidal.config import load_config
 from tidal.fleet.calibrate import calibrate, model_toml
-from tidal.fleet.simulate import (
-    SimModel,
-    SimulateError,
-    example_path,
-    load_simulate_recipe,
-    predict_delivery_s,
-    sim_model_from,
-    simulate_config,
-)
+from tidal.fleet.sim_model import SimModel, SimulateError, sim_model_from
+from tidal.fleet.simulate import example_path, load_simulate_recipe, simulate_config
+from tidal.sync.pull import predict_delivery_s
 
 FAST = SimModel(tokens_per_s=1000, rollout_tokens_mean=50, rollout_tokens_sigma=0.5, grade_s=0.01,
                 train_fixed_s=0.5, train_per_token_s=1e-4, publish_s=0.05, worker_start_s=0.0)

@@ -16,7 +16,7 @@ from tidal.fleet.verify import MAX_PROBLEMS, check_result, recompute_logprobs_ch
 from tidal.fleet.wire import encode_results
 from tidal.harness import run_episodes
 from tidal.model import ByteTokenizer, build_model, preset
-from tidal.orchestrator.loop import training_tasks
+from tidal.orchestrator.planning import training_tasks
 from tidal.orchestrator.scheduler import split_step
 from tidal.orchestrator.worker import RolloutResult
 from tidal.sandbox import Sandbox

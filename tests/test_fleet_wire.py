@@ -23,9 +23,9 @@ from tidal.fleet.wire import (
     encode_results,
 )
 from tidal.harness import run_episodes
-from tidal.integrity.records import Finding, IntegrityResult
+from tidal.evidence.records import Finding, IntegrityResult
 from tidal.model import ByteTokenizer, build_model, preset
-from tidal.orchestrator.loop import plan_step
+from tidal.orchestrator.planning import plan_step
 from tidal.orchestrator.worker import RolloutResult, Span
 from tidal.sandbox import Sandbox
 from tidal.types import EpisodeStats, Segment, Trajectory

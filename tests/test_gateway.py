@@ -17,8 +17,8 @@ import pytest
 
 from tidal.engine.request import GenerationResult
 from tidal.env.registry import load_environment
-from tidal.gateway.history import History
-from tidal.gateway.render import Renderer
+from tidal.harness.history import History
+from tidal.chat.render import Renderer
 from tidal.harness import HarnessConfig, run_episodes
 from tidal.model.tokenizer import HFTokenizer
 
@@ -139,7 +139,7 @@ def test_a_reply_cut_by_its_token_limit_is_closed_by_the_template(tok):
 
 
 def test_tool_call_arguments_compare_as_values_not_as_text():
-    from tidal.online.api.tools import template_messages
+    from tidal.chat.tool_calls import template_messages
 
     a = {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1, "b": 2}'}}]}
@@ -242,7 +242,7 @@ def _tool_model(model: str, tmp_path):
     """(tokenizer, the ids that end a reply): the byte model's plain template, or a BPE
     tokenizer with a real tool-calling template (Qwen2.5's)."""
     from tidal.model.tokenizer import ByteTokenizer
-    from tidal.online.api.chat import END_OF_TURN
+    from tidal.chat.template import END_OF_TURN
 
     if model == "byte":
         tok = ByteTokenizer()
@@ -279,13 +279,13 @@ def test_the_example_agent_calls_tools_over_the_gateway(tmp_path, model):
 def test_the_harness_corpus_is_its_conversations_through_the_template(monkeypatch):
     """corpus_command gets training tasks and prints conversations; each becomes a document in
     the plain template, the tool calls in the format the gateway parses back."""
-    from tidal.online.api.tools import parse_tool_calls
+    from tidal.chat.tool_calls import parse_tool_calls
 
     monkeypatch.chdir(AGENT.parent.parent)  # relative paths in a command are made absolute
     spec = load_environment("harness", command="{python} examples/harness_agent.py",
                             corpus_command="{python} examples/harness_agent.py --corpus",
                             task_args={"prompt_style": "instruct"})
-    assert str(AGENT) in spec.external.command
+    assert str(AGENT) in spec.outside.config.command
     docs = spec.build_corpus(4, 0)
     assert len(docs) == 4
     for doc in docs:
@@ -310,7 +310,7 @@ def test_a_corpus_command_that_fails_is_a_clear_error():
 def test_a_steps_gateway_metrics_count_matched_history(tok):
     """gateway/* keys of a step: a faithful harness matches every later turn, an editing one
     none; steps of native environments have no gateway keys."""
-    from tidal.orchestrator.loop import rollout_metrics
+    from tidal.orchestrator.run_output import rollout_metrics
 
     faithful, _ = _run(tok, "answer", samples=1)
     editing, _ = _run(tok, "edit", samples=1)
@@ -352,7 +352,7 @@ def test_the_native_agent_and_the_example_over_the_gateway_train_on_the_same_tok
 def test_the_native_agent_has_the_example_agents_prompt_and_tools():
     import runpy
 
-    from tidal.envs.agent import SYSTEM, TOOLS
+    from tidal.families.agent import SYSTEM, TOOLS
 
     example = runpy.run_path(str(AGENT), run_name="example")
     assert (SYSTEM, TOOLS) == (example["SYSTEM"], example["TOOLS"])

@@ -4,7 +4,7 @@ import pytest
 
 from tidal.config import load_config
 from tidal.sandbox import Sandbox
-from tidal.envs.funcs import FuncsConfig, grade_many, sample_tasks
+from tidal.families.funcs import FuncsConfig, grade_many, sample_tasks
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 import torch
 from test_orchestrator import cfg_with, ckpt, records  # noqa: F401  (the module-scoped checkpoint)
 
-from tidal.orchestrator import guard, loop
+from tidal.orchestrator import guard, loop, planning
 from tidal.orchestrator.config import GuardConfig
 from tidal.orchestrator.records import (
     BestCheckpoint,
@@ -350,8 +350,8 @@ def test_gate_drops_what_a_thrown_away_policy_sampled():
     from test_orchestrator import traj
 
     state = RunState()
-    kept, _ = loop.staleness_gate([traj(0, [6, 7]), traj(0, [7, 7]), traj(1, [5])], trainer_version=7,
-                                  max_staleness=2, state=state, keep_stale=True, floor=7)
+    kept, _ = planning.staleness_gate([traj(0, [6, 7]), traj(0, [7, 7]), traj(1, [5])], trainer_version=7,
+                                      max_staleness=2, state=state, keep_stale=True, floor=7)
     assert [t.min_version for t in kept] == [7] and state.dropped_stale == 2
 
 
@@ -445,7 +445,7 @@ def test_a_collapse_is_caught_and_the_best_checkpoint_restored(tmp_path, ckpt, s
     assert all(s["version"] >= 6 for s in steps if s["step"] > 5)
     trained = [s["version"] for s in steps if "train/lr" in s]
     assert trained == sorted(set(trained))
-    decay = loop.with_decay(cfg.trainer, 8)
+    decay = planning.with_decay(cfg.trainer, 8)
     after = [s for s in steps if s["step"] > 5 and "train/lr" in s]
     assert after and all(s["train/lr"] == pytest.approx(0.5 * lr_at(decay, s["version"] - 1)) for s in after)
     assert summary.best_step == 2 and summary.heldout_pass1_best == 0.5  # the first of equal bests

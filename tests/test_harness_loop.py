@@ -294,7 +294,9 @@ def test_an_engine_failure_raises_instead_of_hanging():
 
 def test_a_task_whose_prompt_does_not_fit_is_skipped_counted_and_never_trained():
     from tidal.orchestrator.evaluate import heldout_pass1
-    from tidal.orchestrator.loop import RunState, rollout_metrics, staleness_gate
+    from tidal.orchestrator.planning import staleness_gate
+    from tidal.orchestrator.records import RunState
+    from tidal.orchestrator.run_output import rollout_metrics
 
     engine = ScriptedEngine(answer_after(0), max_seq_len=256, max_new_tokens=64)
     long, short = NoteTask("long", "x" * 200, "0"), NoteTask("short", "Remember 1.", "1")
@@ -314,7 +316,7 @@ def test_a_task_whose_prompt_does_not_fit_is_skipped_counted_and_never_trained()
 
 def test_success_is_the_environments_rule_not_reward_at_least_one():
     from tidal.orchestrator.evaluate import heldout_pass1
-    from tidal.orchestrator.loop import rollout_metrics
+    from tidal.orchestrator.run_output import rollout_metrics
 
     def bonus(task, env) -> float:
         return 1.0
@@ -343,7 +345,7 @@ def test_context_window_may_not_exceed_the_engine():
 
 
 def test_episode_metrics_reach_the_step_record():
-    from tidal.orchestrator.loop import rollout_metrics
+    from tidal.orchestrator.run_output import rollout_metrics
 
     _, trajs = run(summarizing(turns_before_submit=12), n=2, max_seq_len=400,
                    context_mode="summarize", summary_max_tokens=40, max_turns=100)

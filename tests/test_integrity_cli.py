@@ -12,7 +12,7 @@ import pytest
 from tidal.cli import main
 from tidal.errors import UserError
 from tidal.integrity.evidence_io import EvidenceError, evidence_from_paths
-from tidal.integrity.records import Action, TraceEvent
+from tidal.evidence.records import Action, TraceEvent
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tidal.integrity.records import FINDING_TYPES, TRACE_KINDS, Action, Evidence, TraceEvent
+from tidal.evidence.records import FINDING_TYPES, TRACE_KINDS, Action, Evidence, TraceEvent
 
 HELDOUT = Path(__file__).parent / "data" / "integrity" / "heldout"
 CHEAT_KINDS = tuple(k for k in FINDING_TYPES if k != "harness_divergence")

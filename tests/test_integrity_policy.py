@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from tidal.integrity.config import IntegrityConfig
-from tidal.integrity.policy import IntegrityMetrics, apply_policy, measure
-from tidal.integrity.records import Finding, IntegrityResult
-from tidal.orchestrator.loop import with_canaries
+from tidal.evidence.config import IntegrityConfig
+from tidal.evidence.policy import IntegrityMetrics, apply_policy, measure
+from tidal.evidence.records import Finding, IntegrityResult
+from tidal.orchestrator.planning import with_canaries
 from tidal.types import Trajectory
 
 
@@ -105,7 +105,7 @@ def test_the_online_gate_blocks_a_candidate_that_is_flagged_more_when_both_have_
 
 
 def test_results_divergence_finds_a_policy_that_cheats_only_when_served():
-    from tidal.integrity.probing import results_divergence
+    from tidal.integrity.divergence import results_divergence
 
     honest = [IntegrityResult([], True, True) for _ in range(40)]
     cheat = Finding("hardcoded_output", "f.py", (2, 2), "    return 8", 0.9)

@@ -5,8 +5,8 @@ harness divergence by a two-proportion test."""
 import pytest
 
 from tidal.integrity.detect import detect
-from tidal.integrity.probing import harness_divergence, two_proportion_p
-from tidal.integrity.records import Action, Evidence, TraceEvent
+from tidal.integrity.divergence import harness_divergence, two_proportion_p
+from tidal.evidence.records import Action, Evidence, TraceEvent
 
 FLAG = 0.5
 TASK = {"solution.py": "def solve(x):\n    raise NotImplementedError\n",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tidal.integrity.records import (
+from tidal.evidence.records import (
     FINDING_TYPES,
     TRACE_KINDS,
     Action,

@@ -4,7 +4,7 @@ default minimum confidence. ``heldout`` was never used to change a rule (tidal.i
 
 import pytest
 
-from tidal.integrity.config import IntegrityConfig
+from tidal.evidence.config import IntegrityConfig
 from tidal.integrity.detect import detect
 from tidal.integrity.planted import SUITES, PlantedSuiteError, default_suite_dir, load_planted, score
 

@@ -4,7 +4,7 @@ confidence, and honest look-alikes stay below it."""
 import pytest
 
 from tidal.integrity.detect import detect
-from tidal.integrity.records import Action, Evidence, Finding
+from tidal.evidence.records import Action, Evidence, Finding
 
 FLAG = 0.5
 SOLUTION = "def add(a, b):\n    raise NotImplementedError\n"
@@ -155,7 +155,7 @@ def test_single_turn_answer_in_actions_is_judged():
 def test_grader_verdicts():
     ev = episode(sol("def add(a, b):\n    return a + b\n"), visible_pass=True, hidden_pass=False, canary=True,
                  trace_recorded=True)
-    from tidal.integrity.records import TraceEvent
+    from tidal.evidence.records import TraceEvent
     ev.trace = [TraceEvent("exec", argv=("python", "x.py")), TraceEvent("exec", argv=("python", "y.py"), run=1),
                 TraceEvent("trace_end", run=1)]
     by_type = {f.type: f for f in detect(ev)}

@@ -1,97 +1,216 @@
-"""The import layering of docs/design.md ("Who may import whom"): a lower layer that imports a
-higher one fails here, naming the file and the import."""
+"""The import layering of docs/design.md ("A core and its extensions", "Who may import whom"): a
+core package that imports an extension, a lower layer that imports a higher one, or an import
+circle (between packages or between the files of one) fails here, naming the files and imports.
+
+Every import counts, lazy ones inside functions too; only those under ``if TYPE_CHECKING:``
+(annotations, never run) do not."""
 
 import ast
 from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "tidal"
+SRC = Path(__file__).resolve().parents[1] / "src"
+PKG = SRC / "tidal"
+
+EXTENSIONS = {"online", "fleet", "integrity", "bench", "kernels", "gateway"}
+"""Extensions: they import the core and plug into it through the protocols the core owns
+(orchestrator.pool.RemotePools, env.spec.OutsideEpisodes, the entry points of tidal.plugins)."""
+
+ENTRY_POINTS = {"cli", "__main__"}
+"""The command line: it may import anything, and nothing imports it."""
 
 FORBIDDEN = {
-    "model": {"engine", "harness", "env", "envs", "trainer", "orchestrator", "pretrain", "bench", "cli", "online"},
-    "engine": {"harness", "env", "envs", "trainer", "orchestrator", "pretrain", "bench", "cli", "online"},
-    "sandbox": {"model", "engine", "harness", "env", "envs", "orchestrator", "bench", "cli", "online"},
-    "env": {"envs", "harness", "engine", "orchestrator", "trainer", "pretrain", "bench", "cli", "online"},
-    "harness": {"envs", "orchestrator", "trainer", "pretrain", "bench", "cli", "online"},
-    "envs": {"orchestrator", "trainer", "pretrain", "bench", "cli", "config", "online"},
-    "integrity": {"model", "engine", "harness", "env", "envs", "trainer", "orchestrator", "pretrain",
-                  "bench", "cli", "online", "sandbox", "sync", "numerics", "telemetry"},
-    "pretrain": {"orchestrator", "trainer", "harness", "bench", "cli", "online"},
-    "trainer": {"orchestrator", "harness", "env", "envs", "bench", "cli", "online"},
-    "sync": {"orchestrator", "trainer", "engine", "harness", "env", "envs", "bench", "cli", "online"},
-    "numerics": {"model", "engine", "trainer", "orchestrator", "online"},
-    "online": {"bench", "cli"},
-    "telemetry": {"orchestrator", "trainer", "engine", "bench", "cli", "online"},
-    "fleet": {"pretrain", "kernels", "online", "bench", "cli"},
-    "parallel": {"engine", "harness", "env", "envs", "trainer", "orchestrator", "pretrain", "bench", "cli",
-                 "online", "fleet", "sync"},
+    "chat": {"model", "engine", "harness", "env", "families", "trainer", "orchestrator", "pretrain", "config"},
+    "evidence": {"model", "engine", "harness", "env", "families", "trainer", "orchestrator", "pretrain",
+                 "sandbox", "sync", "numerics", "telemetry", "config"},
+    "model": {"engine", "harness", "env", "families", "trainer", "orchestrator", "pretrain", "config"},
+    "engine": {"harness", "env", "families", "trainer", "orchestrator", "pretrain", "config"},
+    "sandbox": {"model", "engine", "harness", "env", "families", "orchestrator", "config"},
+    "env": {"families", "harness", "engine", "orchestrator", "trainer", "pretrain", "config"},
+    "harness": {"families", "orchestrator", "trainer", "pretrain", "config"},
+    "families": {"orchestrator", "trainer", "pretrain", "config"},
+    "pretrain": {"orchestrator", "trainer", "harness"},
+    "trainer": {"orchestrator", "harness", "env", "families"},
+    "sync": {"orchestrator", "trainer", "engine", "harness", "env", "families"},
+    "numerics": {"model", "engine", "trainer", "orchestrator"},
+    "telemetry": {"orchestrator", "trainer", "engine"},
+    "parallel": {"engine", "harness", "env", "families", "trainer", "orchestrator", "pretrain", "sync"},
 }
-"""Per component folder: the tidal packages it must never import."""
+"""Per core package: the core packages it must never import (beyond every extension and the
+command line, which no core package imports)."""
 
 
-def imported_components(path: Path) -> set[tuple[str, int]]:
-    """(component, line) of every ``tidal.<component>`` import in the file, lazy ones too."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def _type_checking_lines(tree: ast.AST) -> set[int]:
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING":
+            for child in node.body:
+                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+    return lines
+
+
+def imports(module: str) -> list[tuple[str, int]]:
+    """(imported tidal module, line) for every import the module runs, resolved to a module of
+    the tree (``from tidal.x import name`` counts as tidal.x.name where that is a module)."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_lines(tree)
+    out = []
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) in skip:
+            continue
         names = []
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module]
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                here = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+                base = ".".join(here[:len(here) - node.level + 1] + ([base] if base else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         for name in names:
-            parts = name.split(".")
-            if parts[0] == "tidal" and len(parts) > 1:
-                out.add((parts[1], node.lineno))
+            while name and name not in MODULES:
+                name = name.rpartition(".")[0]
+            if name.startswith("tidal.") and name != module and not module.startswith(name + "."):
+                out.append((name, node.lineno))
     return out
+
+
+def package(module: str) -> str:
+    """tidal.<package> of a module (a top-level module is its own package)."""
+    return module.split(".")[1] if module.count(".") else module
+
+
+def test_the_core_never_imports_an_extension_or_the_command_line():
+    bad = [f"{MODULES[m].relative_to(PKG)}:{line} imports {target}"
+           for m in MODULES if package(m) not in EXTENSIONS | ENTRY_POINTS and m != "tidal"
+           for target, line in imports(m) if package(target) in EXTENSIONS | ENTRY_POINTS]
+    assert bad == []
+
+
+def test_nothing_but_the_command_line_imports_it():
+    bad = [f"{MODULES[m].relative_to(PKG)}:{line} imports {target}"
+           for m in MODULES if package(m) not in ENTRY_POINTS
+           for target, line in imports(m) if package(target) in ENTRY_POINTS]
+    assert bad == []
 
 
 @pytest.mark.parametrize("component", sorted(FORBIDDEN))
 def test_component_never_imports_a_higher_layer(component):
-    bad = [f"{p.relative_to(SRC)}:{line} imports tidal.{c}"
-           for p in sorted((SRC / component).rglob("*.py"))
-           for c, line in sorted(imported_components(p)) if c in FORBIDDEN[component]]
+    bad = [f"{MODULES[m].relative_to(PKG)}:{line} imports {target}"
+           for m in MODULES if package(m) == component
+           for target, line in imports(m) if package(target) in FORBIDDEN[component]]
     assert bad == []
 
 
-FLEET_IMPORTERS = ("fleet/", "cli/", "bench/", "orchestrator/")
-"""The only files that may import tidal.fleet (the fleet sits beside the orchestrator, which
-drives it, and below the entry points); config/ may import only the topology section, a leaf."""
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan's algorithm)."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
 
-FLEET_LEAVES = {"config.py": {"section"}, "lease.py": {"errors"}}
-"""Fleet modules that the config and the scheduler's callers load: they import only these."""
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
 
 
-def test_the_fleet_topology_and_leases_are_leaves():
-    for name, allowed in FLEET_LEAVES.items():
-        used = {c for c, _ in imported_components(SRC / "fleet" / name)}
-        assert used <= allowed, f"fleet/{name} imports {sorted(used - allowed)}"
+def _edges(key) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for m in MODULES:
+        for target, _ in imports(m):
+            a, b = key(m), key(target)
+            if a != b:
+                graph.setdefault(a, set()).add(b)
+    return graph
 
 
-def test_config_imports_only_the_fleet_topology():
-    bad = [f"{p.relative_to(SRC)}:{node.lineno} imports {node.module}"
-           for p in sorted((SRC / "config").rglob("*.py"))
-           for node in ast.walk(ast.parse(p.read_text()))
-           if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tidal.fleet")
-           and node.module != "tidal.fleet.config"]
-    assert bad == []
+def test_no_import_circle_between_packages():
+    assert _circles(_edges(package)) == []
 
 
-def test_only_the_entry_points_and_the_loop_import_fleet():
-    bad = [f"{p.relative_to(SRC)}:{line} imports tidal.fleet"
-           for p in sorted(SRC.rglob("*.py"))
-           if not str(p.relative_to(SRC)).startswith(FLEET_IMPORTERS + ("config/",))
-           for c, line in sorted(imported_components(p)) if c == "fleet"]
-    assert bad == []
+def test_no_import_circle_between_files():
+    assert _circles(_edges(lambda m: m)) == []
 
 
-def test_envs_use_only_public_names_of_other_components():
+def test_the_circle_finder_finds_one():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_core_plugs_extensions_in_through_entry_points():
+    """What pyproject.toml declares is what tidal.plugins loads, and each names an extension."""
+    import tomllib
+
+    from tidal.plugins import GROUPS, plugins
+
+    declared = tomllib.loads((SRC.parent / "pyproject.toml").read_text())["project"]["entry-points"]
+    assert set(declared) == set(GROUPS)
+    for group, entries in declared.items():
+        assert set(entries) <= set(plugins(group)), f"{group}: run bash scripts/setup.sh again"
+        for value in entries.values():
+            assert package(value.split(":")[0]) in EXTENSIONS, value
+
+
+def test_families_use_only_public_names_of_other_components():
     """An environment family is written as a user's would be: no private module or name."""
     bad = []
-    for p in sorted((SRC / "envs").rglob("*.py")):
+    for p in sorted((PKG / "families").rglob("*.py")):
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tidal."):
                 private = [a.name for a in node.names if a.name.startswith("_")]
                 if private or any(part.startswith("_") for part in node.module.split(".")):
-                    bad.append(f"{p.relative_to(SRC)}:{node.lineno} from {node.module} import {private}")
+                    bad.append(f"{p.relative_to(PKG)}:{node.lineno} from {node.module} import {private}")
     assert bad == []
+
+
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 500, 60
+"""docs/design.md ("Long functions, and why"): no file over the first; a function over the
+second is named there with the reason."""
+
+
+def test_no_file_is_over_the_size_limit():
+    long = {str(p.relative_to(PKG)): n for p in MODULES.values()
+            if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES}
+    assert long == {}
+
+
+def test_every_long_function_is_explained_in_the_design():
+    design = (SRC.parent / "docs" / "design.md").read_text()
+    unexplained = []
+    for p in MODULES.values():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                where = f"{p.relative_to(PKG)}: {node.name}"
+                if lines > MAX_FUNCTION_LINES and where not in design.replace("\n", " "):
+                    unexplained.append(f"{where} ({lines} lines)")
+    assert unexplained == []

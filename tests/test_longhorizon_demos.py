@@ -3,10 +3,10 @@
 import pytest
 
 from tidal.env.toolcall import CALL_CLOSE, CALL_OPEN
-from tidal.envs.ledger.config import LedgerConfig
-from tidal.envs.ledger.demos import (demo_rows, demo_segments, harness_for, informative, play_expert,
+from tidal.families.ledger.config import LedgerConfig
+from tidal.families.ledger.demos import (demo_rows, demo_segments, harness_for, informative, play_expert,
                                      read_context, segment_text)
-from tidal.envs.ledger.tasks import parse_code, sample_tasks
+from tidal.families.ledger.tasks import parse_code, sample_tasks
 from tidal.harness.episode import SUMMARY_CLOSE, SUMMARY_OPEN
 from tidal.model.tokenizer import ByteTokenizer
 
@@ -117,7 +117,7 @@ def test_masked_pretrain_step_counts_only_the_marked_targets():
 
 
 def test_the_environment_corpus_is_demonstrations_rendered_as_the_harness_shows_them():
-    from tidal.envs.ledger import load_environment
+    from tidal.families.ledger import load_environment
 
     spec = load_environment(None, LedgerConfig(num_files=12))
     docs = spec.build_corpus(10, 3)

@@ -7,10 +7,11 @@ import random
 import pytest
 
 from tidal.env.toolcall import format_call
-from tidal.envs.funcs import canonical, evaluate, is_heldout
-from tidal.envs.ledger.config import LedgerConfig
-from tidal.envs.ledger.environment import NO_MORE_FILES, PARTIAL_CREDIT, load_environment
-from tidal.envs.ledger.tasks import (NO_STEPS, LedgerExpert, body_text, code_text, parse_code,
+from tidal.families.funcs import canonical, evaluate, is_heldout
+from tidal.families.ledger.config import LedgerConfig
+from tidal.families.ledger import load_environment
+from tidal.families.ledger.environment import NO_MORE_FILES, PARTIAL_CREDIT
+from tidal.families.ledger.tasks import (NO_STEPS, LedgerExpert, body_text, code_text, parse_code,
                                      parse_steps, sample_tasks, slipped)
 from tidal.sandbox import Sandbox
 from tidal.sandbox.config import SandboxConfig

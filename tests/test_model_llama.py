@@ -17,7 +17,7 @@ from tidal.model import (
     CheckpointError, KVCache, ModelConfig, build_model, from_pretrained, preset, save_pretrained,
 )
 from tidal.model.checkpoint import config_from_hf, config_to_hf
-from tidal.model.prefix import SharedPrefix
+from tidal.model.shared_prefix import SharedPrefix
 
 transformers = pytest.importorskip("transformers")
 

@@ -16,12 +16,12 @@ from tidal.model.qwen3 import build_model
 from tidal.model.tokenizer import ByteTokenizer
 from tidal.online.api import create_app
 from tidal.online.api.auth import KeyRing
-from tidal.online.api.chat import ChatTemplate, ChatTemplateError, plain_prompt
+from tidal.chat.template import ChatTemplate, ChatTemplateError, plain_prompt
 from tidal.online.config import OnlineConfig
 from tidal.online.memory import MemoryStore
 from tidal.online.records import VersionRecord
 from tidal.online.serving import PolicyServer
-from tidal.online.weights import VersionLoader, publish_model
+from tidal.online.version_sync import VersionLoader, publish_model
 
 from app_thread import AppThread
 

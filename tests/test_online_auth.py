@@ -22,22 +22,15 @@ from test_online_api import ADMIN_KEY, USER_KEY, Served, make_keys
 from tidal.errors import UserError
 from tidal.model.presets import preset
 from tidal.model.qwen3 import build_model
-from tidal.online.api.auth import (
-    KeyRing,
-    check_no_auth,
-    is_loopback,
-    key_id,
-    load_keys_file,
-    serving_keys,
-)
+from tidal.online.api.auth import KeyRing, check_no_auth, is_loopback, key_id, load_keys_file, serving_keys
 from tidal.online.api.errors import ApiError
 from tidal.online.config import ServeConfig
 from tidal.online.records import VersionRecord
 from tidal.online.store import OnlineStore, VersionRegistry
 from tidal.online.update import WeightUpdater
-from tidal.online.weights import publish_model
-from tidal.orchestrator.weights import FilesystemWeightStore
+from tidal.online.version_sync import publish_model
 from tidal.sync.config import SyncConfig
+from tidal.sync.transport import FilesystemWeightStore
 
 OTHER_KEY = "test-other-user-key-0123456789"
 

@@ -22,7 +22,7 @@ from tidal.online.records import FeedbackEvent, ServedResponse, VersionRecord
 from tidal.online.service import OnlineLoop
 from tidal.online.serving import PolicyServer
 from tidal.online.store import OnlineStore, VersionRegistry
-from tidal.online.weights import VersionLoader, publish_checkpoint, publish_model
+from tidal.online.version_sync import VersionLoader, publish_checkpoint, publish_model
 
 TOK = ByteTokenizer()
 OVERRIDES = [

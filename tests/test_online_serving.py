@@ -20,15 +20,10 @@ from tidal.model.qwen3 import build_model
 from tidal.model.tokenizer import ByteTokenizer
 from tidal.online.records import VersionRecord
 from tidal.online.serving import PolicyServer, Sampling
-from tidal.online.weights import (
-    VersionLoader,
-    WeightsMismatch,
-    publish_model,
-    tensors_digest,
-    weights_digest,
-)
+from tidal.online.version_sync import (VersionLoader, WeightsMismatch, publish_model, tensors_digest,
+                                       weights_digest)
 from tidal.sync.config import SyncConfig
-from tidal.sync.store import VersionStore
+from tidal.sync.origin import VersionStore
 from tidal.sync.tensors import bits_of
 
 TOK = ByteTokenizer()

@@ -5,8 +5,8 @@ import pytest
 
 from tidal.config import load_config
 from tidal.env import from_config
-from tidal.envs.funcs import solution_text
-from tidal.envs.funcs.tasks import Task
+from tidal.families.funcs import solution_text
+from tidal.families.funcs.tasks import Task
 from tidal.online.simusers import SimulatedUsers, SimUser
 from tidal.sandbox import Sandbox
 

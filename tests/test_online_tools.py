@@ -21,19 +21,13 @@ from tidal.model.presets import preset
 from tidal.model.qwen3 import build_model
 from tidal.model.tokenizer import ByteTokenizer
 from tidal.online.api import create_app
-from tidal.online.api.chat import ChatTemplate, plain_call, plain_prompt
-from tidal.online.api.tools import (
-    ParsedReply,
-    ToolStream,
-    ToolUse,
-    parse_tool_calls,
-    template_messages,
-)
+from tidal.chat.template import ChatTemplate, plain_call, plain_prompt
+from tidal.chat.tool_calls import ParsedReply, ToolStream, ToolUse, parse_tool_calls, template_messages
 from tidal.online.config import OnlineConfig
 from tidal.online.memory import MemoryStore
 from tidal.online.records import VersionRecord
 from tidal.online.serving import Generation, PolicyServer, StreamEvent
-from tidal.online.weights import VersionLoader, publish_model
+from tidal.online.version_sync import VersionLoader, publish_model
 
 from app_thread import AppThread
 

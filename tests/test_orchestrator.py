@@ -8,9 +8,11 @@ from tidal.config import load_config
 from tidal.env import from_config
 from tidal.hardware import native_bf16
 from tidal.model import build_model, save_pretrained
-from tidal.orchestrator.loop import RunState, plan_step, run_rl, staleness_gate
+from tidal.orchestrator.loop import run_rl
+from tidal.orchestrator.planning import plan_step, staleness_gate
 from tidal.orchestrator.pool import OrchestratorError
 from tidal.orchestrator.ray_pool import start_ray
+from tidal.orchestrator.records import RunState
 from tidal.orchestrator.worker import RolloutWorker
 from tidal.types import Segment, Trajectory
 

@@ -101,7 +101,7 @@ def test_step_record_keys():
 
 
 def test_integrity_keys_of_steps_and_evals_and_their_round_trip():
-    from tidal.integrity.policy import IntegrityMetrics
+    from tidal.evidence.policy import IntegrityMetrics
 
     m = IntegrityMetrics(episodes=8, flagged=2, screened=2, graded=8, visible_passes=5,
                          hidden_passes=3, cheats=2, canary_episodes=4, canary_passes=1,

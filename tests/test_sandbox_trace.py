@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tidal.integrity.records import TraceEvent
+from tidal.evidence.records import TraceEvent
 from tidal.sandbox import Sandbox, TaskImage
 from tidal.sandbox.trace import parse_trace
 from test_sandbox import code, make_config, open_sandbox

@@ -15,7 +15,7 @@ import torch
 from tidal.config import load_config
 from tidal.engine.engine import Engine
 from tidal.engine.request import GenerationRequest
-from tidal.envs.funcs import FuncsConfig, sample_tasks
+from tidal.families.funcs import FuncsConfig, sample_tasks
 from tidal.model import from_pretrained, load_tokenizer
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.grpo import collate

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from tidal.env import OBS_CLOSE, OBS_OPEN
-from tidal.envs.ledger.config import LedgerConfig
-from tidal.envs.ledger.demos import harness_for, play_expert
-from tidal.envs.ledger.environment import LedgerEnvironment
-from tidal.envs.ledger.tasks import sample_tasks, summary_score
+from tidal.families.ledger.config import LedgerConfig
+from tidal.families.ledger.demos import harness_for, play_expert
+from tidal.families.ledger.environment import LedgerEnvironment
+from tidal.families.ledger.tasks import sample_tasks, summary_score
 from tidal.harness import SUMMARY_CLOSE, SUMMARY_OPEN
 from tidal.trainer.grpo import collate, group_advantages
 from tidal.types import Segment, Trajectory

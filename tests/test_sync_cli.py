@@ -5,8 +5,7 @@ from safetensors.torch import load_file
 
 from tidal.cli import main
 from tidal.model import build_model, preset, save_pretrained
-from tidal.sync.server import ServerThread, make_app
-from tidal.sync.store import VersionStore
+from tidal.sync.origin import ServerThread, VersionStore, make_app
 
 
 def test_publish_then_pull_writes_byte_identical_safetensors(tmp_path, capsys):

@@ -7,11 +7,10 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidal.sync.bits import best_rice_parameter, pack_fixed_width, rice_decode, rice_encode, unpack_fixed_width
-from tidal.sync.bound import tensor_bound_bits
-from tidal.sync.codec import DENSE, PAIRED, RAW, SPARSE, XOR_ZSTD, decode_chunk, encode_chunk
-from tidal.sync.manifest import ChunkEntry, TensorEntry, WeightManifest
-from tidal.sync.plan import cheapest_path
+from tidal.sync.codec import (DENSE, PAIRED, RAW, SPARSE, XOR_ZSTD, best_rice_parameter, decode_chunk,
+                              encode_chunk, pack_fixed_width, rice_decode, rice_encode, tensor_bound_bits,
+                              unpack_fixed_width)
+from tidal.sync.manifest import ChunkEntry, TensorEntry, WeightManifest, cheapest_path
 from tidal.sync.tensors import bits_of
 
 UINTS = [np.uint8, np.uint16, np.uint32, np.uint64]

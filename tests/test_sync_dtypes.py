@@ -10,12 +10,10 @@ from tidal.bench.sync_codec import quantise_fp8
 from tidal.cli import main
 from tidal.config import ConfigError, load_config
 from tidal.sync.config import SyncConfig
-from tidal.sync.dtypes import FP8_DTYPES, DtypeRule, serving_tensors
 from tidal.sync.errors import SyncError
+from tidal.sync.origin import ServerThread, VersionStore, make_app
 from tidal.sync.relay import Relay
-from tidal.sync.server import ServerThread, make_app
-from tidal.sync.store import VersionStore
-from tidal.sync.tensors import cast_floats
+from tidal.sync.tensors import FP8_DTYPES, DtypeRule, cast_floats, serving_tensors
 
 CFG = SyncConfig(chunk_elements=4096, anchor_every=10)
 WEIGHTS = ("model.layers.0.mlp.up_proj.weight", "model.layers.0.self_attn.q_proj.weight")
@@ -104,8 +102,8 @@ def test_mixed_fp8_checkpoint_with_keep_pulls_back_byte_identical_through_a_rela
 
 
 def test_a_delta_between_two_fp8_versions_is_bit_exact_and_small(two_versions, tmp_path):
-    from tidal.sync.publisher import Publisher
-    from tidal.sync.puller import Puller
+    from tidal.sync.origin import Publisher
+    from tidal.sync.pull import Puller
     from tidal.sync.tensors import read_safetensors_folder
 
     ck0, ck1 = two_versions
@@ -167,7 +165,7 @@ def test_rules_apply_in_order_and_ints_are_never_cast(tmp_path):
 
 def test_trainer_publisher_applies_the_same_rules(tmp_path):
     from tidal.model import build_model, preset
-    from tidal.sync.weight_store import HttpWeightPublisher
+    from tidal.sync.transport import HttpWeightPublisher
 
     cfg = SyncConfig(dtype_rules=[{"pattern": "*norm*", "dtype": "float32"}])
     pub = HttpWeightPublisher(tmp_path / "w", cfg, "bfloat16")

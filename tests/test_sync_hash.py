@@ -12,14 +12,12 @@ import pytest
 import torch
 from test_sync_transport import CFG, same, versions
 
-from tidal.sync.apply import apply_form
+from tidal.sync.client import apply_form
 from tidal.sync.codec import PAIRED, SPARSE, decode_chunk, encode_chunk
-from tidal.sync.delivery import predict_delivery_s
 from tidal.sync.errors import SyncError, VerificationError
 from tidal.sync.manifest import WeightManifest
-from tidal.sync.publisher import Publisher, encode_form
-from tidal.sync.puller import Puller
-from tidal.sync.server import ServerThread, make_app
+from tidal.sync.origin import Publisher, ServerThread, encode_form, make_app
+from tidal.sync.pull import Puller, predict_delivery_s
 from tidal.sync.tensors import bits_of
 
 

@@ -13,7 +13,7 @@ from tidal.model import build_model, load_tokenizer
 from tidal.model.checkpoint import to_hf_state_dict
 from tidal.orchestrator.loop import run_rl
 from tidal.orchestrator.worker import RolloutWorker
-from tidal.sync.weight_store import HttpWeightPublisher, HttpWeightSource
+from tidal.sync.transport import HttpWeightPublisher, HttpWeightSource
 
 
 def digest_of(t: torch.Tensor, hash: str) -> str:

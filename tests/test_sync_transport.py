@@ -13,13 +13,10 @@ from aiohttp import web
 
 from tidal.sync.config import SyncConfig
 from tidal.sync.errors import SyncError
-from tidal.sync.plan import cheapest_path
-from tidal.sync.folder import pull_to_folder, read_held
-from tidal.sync.publisher import Publisher
-from tidal.sync.puller import Puller
+from tidal.sync.manifest import cheapest_path
+from tidal.sync.origin import STATS, Publisher, ServerThread, VersionStore, make_app
+from tidal.sync.pull import Puller, pull_to_folder, read_held
 from tidal.sync.relay import Relay
-from tidal.sync.server import STATS, ServerThread, make_app
-from tidal.sync.store import VersionStore
 from tidal.sync.tensors import bits_of
 
 CFG = SyncConfig(chunk_elements=2048, anchor_every=3, request_bytes=8192, retries=2, timeout_s=5)
@@ -246,7 +243,7 @@ def test_pull_to_folder_writes_safetensors_and_a_full_disk_leaves_nothing_half_w
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("tidal.sync.folder.write_safetensors_files", full)
+    monkeypatch.setattr("tidal.sync.pull.write_safetensors_files", full)
     puller = Puller([server.url], CFG)
     with pytest.raises(SyncError, match="no space left"):
         pull_to_folder(puller, out, 5)
@@ -302,7 +299,7 @@ def test_a_corrupt_pull_answer_is_repaired_by_ranges(origin):
     async def corrupt_bundle(request, handler):
         if request.path != "/pull":
             return await handler(request)
-        from tidal.sync.bundle import bundle_parts
+        from tidal.sync.origin import bundle_parts
         path, _ = cheapest_path(pub.store.forms(), int(request.query["version"]), int(request.query["held"]))
         body = bytearray(b"".join(bundle_parts(pub.store, int(request.query["version"]), path, 1 << 30)))
         body[-5] ^= 0xFF  # inside the last chunk's payload
@@ -317,9 +314,9 @@ def test_a_corrupt_pull_answer_is_repaired_by_ranges(origin):
 
 
 def test_in_place_apply_is_bit_exact_and_a_failure_restores_the_base():
-    from tidal.sync.apply import apply_form
+    from tidal.sync.client import apply_form
     from tidal.sync.errors import VerificationError
-    from tidal.sync.publisher import encode_form
+    from tidal.sync.origin import encode_form
 
     snaps = versions(3, seed=7)
     base = [type(t)(t.name, t.dtype, t.shape, t.bits.copy(), t.file) for t in snaps[0]]
@@ -344,9 +341,9 @@ def test_in_place_apply_is_bit_exact_and_a_failure_restores_the_base():
 def test_skipped_rehash_still_catches_bytes_the_manifest_does_not_admit():
     """A tensor no chunk touched keeps its verified digest; a tensor whose bytes did change is
     re-hashed, so a manifest that claims it unchanged (old sha256) is caught."""
-    from tidal.sync.apply import apply_form
+    from tidal.sync.client import apply_form
     from tidal.sync.errors import VerificationError
-    from tidal.sync.publisher import encode_form
+    from tidal.sync.origin import encode_form
 
     snaps = versions(2, seed=3)
     frozen = [snaps[1][0], snaps[0][1], snaps[1][2]]  # tensor 1 ("b") does not change
@@ -357,7 +354,7 @@ def test_skipped_rehash_still_catches_bytes_the_manifest_does_not_admit():
     def work():
         return [type(t)(t.name, t.dtype, t.shape, t.bits.copy(), t.file) for t in snaps[0]]
 
-    from tidal.sync.hashing import StreamingDigests
+    from tidal.sync.client import StreamingDigests
     original = StreamingDigests._advance
 
     def spy(self, t):  # records each tensor whose bytes went into a sha256
@@ -388,8 +385,8 @@ def test_streaming_digests_match_whole_tensor_hashes_whatever_order_chunks_finis
     import random
     from concurrent.futures import ThreadPoolExecutor
 
-    from tidal.sync.hashing import StreamingDigests
-    from tidal.sync.publisher import encode_form
+    from tidal.sync.client import StreamingDigests
+    from tidal.sync.origin import encode_form
     from tidal.sync.tensors import TensorBits
 
     snaps = versions(1, seed=11)

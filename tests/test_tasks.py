@@ -1,6 +1,6 @@
 """The "funcs" task family: determinism, the held-out split, the corpus, reference solutions."""
 
-from tidal.envs.funcs import FuncsConfig, build_corpus, canonical, evaluate, is_heldout, sample_tasks
+from tidal.families.funcs import FuncsConfig, build_corpus, canonical, evaluate, is_heldout, sample_tasks
 
 
 def test_deterministic_from_seed():

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from tidal.orchestrator.loop import with_decay
+from tidal.orchestrator.planning import with_decay
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.schedule import lr_at
 

@@ -8,13 +8,8 @@ import torch
 from test_orchestrator import cfg_with
 
 from tidal.model import build_model
-from tidal.orchestrator.weights import (
-    FilesystemWeightStore,
-    open_weight_publisher,
-    open_weight_source,
-)
-from tidal.sync.transport import WeightPublisher, WeightSource
-from tidal.sync.weight_store import HttpWeightPublisher, HttpWeightSource
+from tidal.sync.transport import (FilesystemWeightStore, HttpWeightPublisher, HttpWeightSource,
+                                  WeightPublisher, WeightSource, open_weight_publisher, open_weight_source)
 
 
 def test_both_transports_subclass_the_protocols():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tidal.integrity.records import IntegrityResult
+from tidal.evidence.records import IntegrityResult
 
 
 @dataclass(frozen=True)

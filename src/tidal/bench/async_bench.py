@@ -89,10 +89,6 @@ DEFAULTS = {
 QUICK = {"bench.runs": 1, "orchestrator.time_budget_s": 60.0, "orchestrator.heldout_tasks": 16}
 """--quick: one seed, a minute per run, 16 held-out tasks."""
 
-GOALS = {"speedup_time_to_target": 1.7, "final_pass1_points_below_sync": 2.0, "worker_utilisation": 0.9,
-         "sim_error": 0.10, "elastic_lost": 0, "elastic_duplicated": 0}
-
-
 class BenchSection(Section):
     """What the benchmark compares and how it measures: the number of seeds, the asynchronous
     side's staleness bound, how often a checkpoint is evaluated off the clock, the target, and
@@ -198,11 +194,9 @@ def run_async_bench(bench: BenchSection, cfg: TidalConfig, json_path: str | Path
 def initial_model(cfg: TidalConfig, progress: bool) -> Path:
     """model.init_from, or the mid-trained model of this config (cached_pretrained: mid-trains
     once, the first time)."""
-    if cfg.model.init_from:
-        return Path(cfg.model.init_from)
-    from tidal.pretrain.cache import cached_pretrained
+    from tidal.bench.common import starting_model
 
-    return cached_pretrained(cfg, progress=progress)
+    return starting_model(cfg, progress)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ from tidal.bench.async_figures import (
     trajectory_accounting,
 )
 from tidal.config import ConfigError, TidalConfig
-from tidal.orchestrator.loop import Run, write_summary
+from tidal.orchestrator.loop import Run
+from tidal.orchestrator.run_output import write_summary
 
 EVAL_SPANS = "eval_spans.json"
 """Where a run's in-loop evaluations' (start_s, duration_s) are written, in its folder."""

@@ -20,6 +20,17 @@ def write_json(path: str | Path, data: dict) -> Path:
     return write_text_atomic(path, json.dumps(data, indent=2))
 
 
+def starting_model(cfg, progress: bool = True) -> Path:
+    """The model a benchmark's arms start from: model.init_from, else this config's mid-trained
+    model (cached: mid-trained once, in a child process as `tidal train` does)."""
+    if cfg.model.init_from:
+        return Path(cfg.model.init_from)
+    from tidal.openmp import pretrain_child_env
+    from tidal.pretrain.cache import cached_pretrained
+
+    return Path(cached_pretrained(cfg, progress=progress, child_env=pretrain_child_env()))
+
+
 def new_run_dir(cfg, run_dir: Path) -> Path:
     """``run_dir`` made for one RL run of a benchmark, with the run's config.toml (so `tidal
     report` reads it); a ConfigError if a run is already there (its records would be mixed)."""
@@ -66,7 +77,7 @@ def greedy_heldout(cfg, checkpoint, tasks: int, **keys) -> dict:
     """`tidal eval`'s result for a checkpoint folder: held-out pass@1 of ``tasks`` tasks of the
     run's environment, greedy, one sample each (``keys``: more run-config keys)."""
     from tidal.bench.config import with_keys
-    from tidal.cli.run import evaluate_checkpoint
+    from tidal.orchestrator.evaluate import evaluate_checkpoint
     from tidal.env import from_config
     from tidal.sandbox import Sandbox
 

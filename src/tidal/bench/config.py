@@ -114,7 +114,7 @@ def parse(module: ModuleType, name: str, argv: list[str],
           prog: str | None = None) -> tuple[Section, TidalConfig, str | None]:
     """``argv`` -> (the benchmark's section, the run config, the --json path); ``--help``
     prints the generated help and exits; a wrong flag or key is a ConfigError naming it."""
-    from tidal.cli import split_overrides
+    from tidal.config.loader import split_overrides
 
     plain, dotted = split_overrides(list(argv))
     parser = build_parser(module, name, prog)

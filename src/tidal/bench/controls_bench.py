@@ -103,9 +103,9 @@ def run_controls(bench: BenchSection, cfg: TidalConfig) -> dict:
 
 
 def _family(bench: BenchSection, cfg: TidalConfig, common: dict, root: Path) -> dict:
-    from tidal.pretrain.cache import cached_pretrained
+    from tidal.bench.common import starting_model
 
-    init = cfg.model.init_from or cached_pretrained(cfg)
+    init = starting_model(cfg)
     runs: dict[str, list[dict]] = {arm: [] for arm in bench.arms}
     for r in range(bench.rounds):
         for arm in bench.arms:

@@ -11,7 +11,7 @@ wall budget (``bench.budget_s``; start-up and evaluations are outside it):
     gateway  `tidal train RECIPE` as given (env.name = "harness"): examples/harness_agent.py, an
              openai-client process per episode, served over HTTP by the rollout engine
     native   the same with env.name = "agent": that agent's prompt and tools run by tidal's own
-             tool-calling loop in process (tidal/envs/agent), so the tokens are the same and the
+             tool-calling loop in process (tidal/families/agent), so the tokens are the same and the
              difference is what the gateway costs (processes, HTTP, history matching)
 
 One evaluator judges the starting model and each arm's final checkpoint: held-out pass@1 through
@@ -31,7 +31,8 @@ from pathlib import Path
 
 from pydantic import Field
 
-from tidal.bench.common import bitwise_equal_fraction, greedy_heldout, train_in_child, write_json
+from tidal.bench.common import (bitwise_equal_fraction, greedy_heldout, starting_model,
+                                train_in_child, write_json)
 from tidal.bench.config import StrList, config_record, main, with_keys
 from tidal.config import ConfigError, TidalConfig
 from tidal.section import Section
@@ -64,7 +65,7 @@ def run(bench: BenchSection, cfg: TidalConfig, json_path: str | None) -> int:
         raise ConfigError(f"bench.arms: {sorted(unknown)} are not arms (native, gateway)")
     root = Path(bench.runs_dir or f"runs/bench-harness-{time.strftime('%Y%m%d-%H%M%S')}").absolute()
     root.mkdir(parents=True, exist_ok=True)
-    init, pretrain_s = starting_model(cfg)
+    init, pretrain_s = timed_starting_model(cfg)
     cfg = with_keys(cfg, {"model.init_from": str(init)})
     result = {"init_checkpoint": str(init), "pretrain_s": pretrain_s,
               "before": evaluate(bench, cfg, init)}
@@ -81,16 +82,10 @@ def run(bench: BenchSection, cfg: TidalConfig, json_path: str | None) -> int:
     return 0
 
 
-def starting_model(cfg: TidalConfig) -> tuple[Path, float]:
-    """(the model both arms start from, seconds it took): ``model.init_from``, else the recipe's
-    mid-training on the harness's own conversations (cached, as `tidal train` does)."""
-    if cfg.model.init_from:
-        return Path(cfg.model.init_from), 0.0
-    from tidal.cli.run import pretrain_child_env
-    from tidal.pretrain.cache import cached_pretrained
-
+def timed_starting_model(cfg: TidalConfig) -> tuple[Path, float]:
+    """(the model both arms start from: common.starting_model, seconds it took)."""
     start = time.perf_counter()
-    return cached_pretrained(cfg, child_env=pretrain_child_env()), time.perf_counter() - start
+    return starting_model(cfg), time.perf_counter() - start
 
 
 def arm_config(cfg: TidalConfig, arm: str) -> TidalConfig:

@@ -5,7 +5,7 @@
     tidal bench horizon --bench.windows 384 --orchestrator.time_budget_s 600 --trainer.lr 3e-4
     python -m tidal.bench.horizon_bench --bench.windows 384       # the same as tidal bench horizon
 
-On the "ledger" family (tidal.envs.ledger: the steps of f are read early, in files many
+On the "ledger" family (tidal.families.ledger: the steps of f are read early, in files many
 context windows before f is written), at each context window W:
 
     drill + mid-train once (cached; horizon_midtrain) ──> model before RL ──┬─> run_rl, summarize
@@ -37,7 +37,7 @@ twice what the expert needs; harness keys given apply on top, all but context_wi
 context_mode). Each run's folder holds its full config.toml.
 
 Mid-training is next-token prediction of the scripted expert's turns and summaries in its
-episodes, in the harness's own token format (tidal.envs.ledger.demos): first a drill at a
+episodes, in the harness's own token format (tidal.families.ledger.demos): first a drill at a
 small window (one file per context, so a summary to copy every ~200 tokens), then the compared
 windows: without the drill the model learns to carry each step's operator but not its constant
 (docs/environments.md), and what it still gets wrong after the drill (two steps with the same
@@ -79,7 +79,7 @@ from tidal.bench.config import (  # noqa: E402
 )
 from tidal.bench.horizon_runs import MODES  # noqa: E402
 from tidal.config import ConfigError, TidalConfig  # noqa: E402
-from tidal.envs.ledger.sizing import HORIZON  # noqa: E402
+from tidal.families.ledger.sizing import HORIZON  # noqa: E402
 from tidal.model.presets import PRESETS  # noqa: E402
 from tidal.section import Section  # noqa: E402
 
@@ -203,8 +203,8 @@ def run_horizon_bench(bench: BenchSection, cfg: TidalConfig, json_path: str | Pa
     from tidal.bench.horizon_midtrain import midtrain
     from tidal.bench.horizon_runs import harness_keys, run_harness, run_window
     from tidal.env.registry import validate_args
-    from tidal.envs.ledger.config import LedgerConfig
-    from tidal.envs.ledger.sizing import ledger_window
+    from tidal.families.ledger.config import LedgerConfig
+    from tidal.families.ledger.sizing import ledger_window
 
     t0 = time.perf_counter()
     log = (lambda msg: print(f"[{time.perf_counter() - t0:6.0f}s] {msg}", flush=True)) if progress else (lambda msg: None)

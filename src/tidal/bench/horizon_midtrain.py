@@ -24,8 +24,8 @@ from pathlib import Path
 import tidal
 from tidal.bench.config import run_seed, with_keys
 from tidal.config import TidalConfig
-from tidal.envs.ledger.config import LedgerConfig
-from tidal.envs.ledger.sizing import LedgerWindow
+from tidal.families.ledger.config import LedgerConfig
+from tidal.families.ledger.sizing import LedgerWindow
 from tidal.harness import HarnessConfig
 
 MIDTRAIN_FACTS = "midtrain.json"
@@ -39,7 +39,7 @@ def midtrain_key(bench, cfg: TidalConfig, windows: list[LedgerWindow], harness: 
     """Hashes what makes the mid-trained model: the demonstrations' settings (the benchmark's,
     the windows' ledger configs and harnesses, the seed) and the model and pretrain sections,
     all of them but where the cache lives and how often it logs (as tidal.pretrain.cache does)."""
-    from tidal.envs.ledger import tasks as family
+    from tidal.families.ledger import tasks as family
     from tidal.pretrain.cache import NOT_HASHED
 
     what = {"bench": bench.model_dump(mode="json", include={"windows", "horizon", "demo_episodes",
@@ -88,7 +88,7 @@ def drill(bench, cfg: TidalConfig, out: Path, like: LedgerConfig, harness: RunHa
           progress: bool) -> dict:
     """The drill stage: short tasks (``drill_files`` files, the other settings ``like``'s) at the
     small ``drill_window``, so a summary to copy comes every ~200 tokens."""
-    from tidal.envs.ledger.demos import harness_for
+    from tidal.families.ledger.demos import harness_for
 
     ledger = LedgerConfig.model_validate({**like.model_dump(), "num_files": bench.drill_files,
                                           "corpus_window": bench.drill_window})
@@ -105,7 +105,7 @@ def midtrain_stage(cfg: TidalConfig, out: Path, stages: list[tuple[LedgerConfig,
                    episodes: int, seed: int, progress: bool) -> dict:
     """Next-token training on the expert's segments of ``episodes`` episodes per (ledger config,
     window, harness) in ``stages``; the model lands in ``out``. Returns the stage's facts."""
-    from tidal.envs.ledger.demos import demo_rows, demo_segments
+    from tidal.families.ledger.demos import demo_rows, demo_segments
     from tidal.model.tokenizer import ByteTokenizer
     from tidal.pretrain.loop import METRICS_FILE, pretrain
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tidal.bench.config import with_keys
 from tidal.config import TidalConfig
-from tidal.envs.ledger.sizing import LedgerWindow
+from tidal.families.ledger.sizing import LedgerWindow
 from tidal.harness import HarnessConfig
 from tidal.orchestrator.records import EvalRecord
 
@@ -68,7 +68,8 @@ def run_mode(cfg: TidalConfig, run_dir: Path, model_dir: Path, progress: bool) -
     """One RL run (tidal's loop, orchestrator.loop.Run) in ``run_dir``: config.toml, the run's
     records and summary.json; then the expert on its held-out tasks. Returns mode_figures."""
     from tidal.bench.common import new_run_dir
-    from tidal.orchestrator.loop import Run, write_summary
+    from tidal.orchestrator.loop import Run
+    from tidal.orchestrator.run_output import write_summary
 
     run = Run(cfg, new_run_dir(cfg, run_dir), model_dir, progress)
     write_summary(run_dir, run.run())
@@ -76,11 +77,11 @@ def run_mode(cfg: TidalConfig, run_dir: Path, model_dir: Path, progress: bool) -
 
 
 def expert_pass1(run) -> dict:
-    """The slip-free scripted expert (tidal.envs.ledger.demos.ExpertClient) on the run's held-out
+    """The slip-free scripted expert (tidal.families.ledger.demos.ExpertClient) on the run's held-out
     tasks, through the run's harness and environment, graded as the model is
     (``heldout_pass1``): the family's ceiling with summaries, and what a perfect reader keeps
     through a sliding window (by design nothing: the steps are read windows before f is written)."""
-    from tidal.envs.ledger.demos import ExpertClient
+    from tidal.families.ledger.demos import ExpertClient
     from tidal.orchestrator.evaluate import heldout_pass1
 
     client = ExpertClient(run.eval_engine.tokenizer, random.Random(0), slip_rate=0.0)

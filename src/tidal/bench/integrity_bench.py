@@ -116,13 +116,12 @@ TRACE_GAP_S = 0.02
 
 def demonstration(bench: BenchSection, cfg: TidalConfig) -> dict:
     """One RL run per policy from one mid-trained model; their figures side by side."""
-    from tidal.cli.run import pretrain_child_env
-    from tidal.pretrain.cache import cached_pretrained
+    from tidal.bench.common import starting_model
 
     if cfg.env.name != "hackable":
         raise ConfigError(f"the demonstration trains the hackable family: env.name must be "
                           f"'hackable', not {cfg.env.name!r}")
-    model = cfg.model.init_from or cached_pretrained(cfg, child_env=pretrain_child_env())
+    model = starting_model(cfg)
     levels = list(bench.rl_levels)
     runs = {p: run_policy(with_keys(cfg, {"env.integrity.policy": p, "env.args.levels": levels}),
                           Path(bench.runs_dir) / p, Path(model), bench.edge_fraction)
@@ -145,15 +144,14 @@ def demonstration(bench: BenchSection, cfg: TidalConfig) -> dict:
 def serving_divergence(bench: BenchSection, cfg: TidalConfig, demo: dict | None) -> dict:
     """tidal.bench.integrity_divergence on held-out tasks of the demonstration's levels."""
     from tidal.bench.integrity_divergence import divergence
-    from tidal.cli.run import pretrain_child_env
+    from tidal.bench.common import starting_model
     from tidal.env import from_config
-    from tidal.pretrain.cache import cached_pretrained
     from tidal.sandbox import Sandbox
 
     if demo is not None:
         checkpoint = list(demo["runs"].values())[-1]["final_checkpoint"]
     else:  # (the cache key is the corpus's: before the RL levels are set)
-        checkpoint = str(cfg.model.init_from or cached_pretrained(cfg, child_env=pretrain_child_env()))
+        checkpoint = str(starting_model(cfg))
     cfg = with_keys(cfg, {"env.args.levels": list(bench.rl_levels)})
     with Sandbox(cfg.env.sandbox) as sandbox:
         env = from_config(cfg.env, sandbox)
@@ -165,7 +163,8 @@ def serving_divergence(bench: BenchSection, cfg: TidalConfig, demo: dict | None)
 def run_policy(cfg: TidalConfig, run_dir: Path, model: Path, edge: float) -> dict:
     """One RL run (orchestrator.loop.Run) and its figures, read back from what it wrote."""
     from tidal.config.dump import recipe_tree, to_toml
-    from tidal.orchestrator.loop import Run, write_summary
+    from tidal.orchestrator.loop import Run
+    from tidal.orchestrator.run_output import write_summary
 
     if (run_dir / "metrics.jsonl").exists():
         raise ConfigError(f"{run_dir} already holds a run: give another --bench.runs_dir")

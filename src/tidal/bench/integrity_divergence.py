@@ -41,8 +41,8 @@ def divergence(checkpoint, cfg, env, tasks: list, seed: int) -> dict:
     from tidal.engine.engine import Engine
     from tidal.harness import run_episodes
     from tidal.harness.seeds import derive_seed
-    from tidal.integrity.policy import measure
-    from tidal.integrity.probing import results_divergence
+    from tidal.evidence.policy import measure
+    from tidal.integrity.divergence import results_divergence
     from tidal.model import from_pretrained, load_tokenizer
     from tidal.online.serving import PolicyServer
 

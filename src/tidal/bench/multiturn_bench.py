@@ -5,7 +5,7 @@
     tidal bench multiturn --engine.temperature 0 --bench.episodes 4          # greedy: identical runs
 
 The same ledger episodes (``episodes`` at once on one engine, summarize mode, tasks sized by
-tidal.envs.ledger.sizing as the horizon benchmark sizes them: the expert's episodes at least
+tidal.families.ledger.sizing as the horizon benchmark sizes them: the expert's episodes at least
 ``horizon`` windows long, with the family's harness and budgets) are rolled out twice on the same
 weights: ``engine.prefix_cache`` off (every turn prefills its whole context again, as an engine
 without a prefix cache does) and on. Printed: rollout wall time, tokens prefilled and served from
@@ -44,7 +44,7 @@ from tidal.bench.config import (
     with_keys,
 )
 from tidal.config import TidalConfig
-from tidal.envs.ledger.sizing import HORIZON
+from tidal.families.ledger.sizing import HORIZON
 from tidal.section import Section
 
 READS = ("model", "engine", "env.sandbox", SEED_KEY, THREADS_KEY)
@@ -88,7 +88,7 @@ def rollout(model, tokenizer, cfg: TidalConfig, lw, episodes: int, prefix_cache:
     """One rollout of ``episodes`` ledger episodes; its wall time, the engine's prefill counts
     and what the episodes generated."""
     from tidal.engine.engine import Engine
-    from tidal.envs.ledger.environment import load_environment
+    from tidal.families.ledger import load_environment
     from tidal.harness import run_episodes
     from tidal.sandbox import Sandbox
 
@@ -111,7 +111,7 @@ def rollout(model, tokenizer, cfg: TidalConfig, lw, episodes: int, prefix_cache:
 
 def run_multiturn_bench(bench: BenchSection, cfg: TidalConfig) -> dict:
     """Both rollouts; print them; the result dict."""
-    from tidal.envs.ledger.sizing import ledger_window
+    from tidal.families.ledger.sizing import ledger_window
     from tidal.model import load_tokenizer
 
     keys = {"engine.max_seq_len": bench.window}

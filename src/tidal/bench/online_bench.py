@@ -101,11 +101,9 @@ def run(bench: BenchSection, cfg: TidalConfig, json_path: str | None) -> int:
 
 def policy_checkpoint(cfg: TidalConfig) -> Path:
     """The run's mid-trained model: model.init_from, or the pretrain cache (as `tidal train`)."""
-    if cfg.model.init_from:
-        return Path(cfg.model.init_from)
-    from tidal.pretrain.cache import cached_pretrained
+    from tidal.bench.common import starting_model
 
-    return Path(cached_pretrained(cfg))
+    return starting_model(cfg)
 
 
 def task_prompts(cfg: TidalConfig, n: int, seed: int) -> list[str]:
@@ -235,7 +233,7 @@ def phase_bad(bench: BenchSection, cfg: TidalConfig, run_dir: Path, traffic, sto
     from tidal.bench.online_server import ServerProcess
     from tidal.model import load_tokenizer
     from tidal.online.candidates import hacking_candidate, worse_candidate
-    from tidal.online.weights import VersionLoader
+    from tidal.online.version_sync import VersionLoader
 
     server = ServerProcess(cfg, run_dir, None, ["--online.learner.enabled", "false"],
                            log_name="serve-bad.log")

@@ -88,7 +88,7 @@ def register_bad(store, registry, weights_root, model, dtype: str, note: str, th
                  share: float) -> int:
     """Publish ``model`` as a new candidate on top of the live version; through the gate, or
     straight into a canary with the gate skipped by hand."""
-    from tidal.online.weights import publish_model
+    from tidal.online.version_sync import publish_model
 
     live = registry.live()
     version = max(r.version for r in registry.all()) + 1000

@@ -8,7 +8,7 @@ launches this module as a subprocess of its own, so the peak RSS it records
 
 What is the same as tidal's arm: the checkpoint (loaded by transformers, fp32, on the CPU), the
 training tasks (``sample_tasks(spec.funcs, train_tasks, train_seed, heldout=False)``, each asked
-as one user message), the grader (``tidal.envs.funcs.grade_many`` in a tidal sandbox, the
+as one user message), the grader (``tidal.families.funcs.grade_many`` in a tidal sandbox, the
 evaluator tidal's funcs environment grades with), the group size, prompts per optimizer step,
 completion limit, temperature, learning rate, no reference model (``beta = 0``), one optimizer
 step per generated batch (``num_iterations = 1``), torch threads, seed and wall budget.
@@ -44,7 +44,7 @@ from pydantic import Field, model_validator
 from transformers import TrainerCallback
 
 from tidal.bench.common import write_json
-from tidal.envs.funcs import FuncsConfig, Task, grade_many, reward_of, sample_tasks
+from tidal.families.funcs import FuncsConfig, Task, grade_many, reward_of, sample_tasks
 from tidal.sandbox import Sandbox, SandboxConfig
 from tidal.section import Section
 

@@ -62,9 +62,9 @@ def run(bench: BenchSection, cfg: TidalConfig, json_path: str | None) -> int:
 
 
 def run_rl_speed(bench: BenchSection, cfg: TidalConfig) -> dict:
-    from tidal.pretrain.cache import cached_pretrained
+    from tidal.bench.common import starting_model
 
-    init = cfg.model.init_from or cached_pretrained(cfg)
+    init = starting_model(cfg)
     common = {"orchestrator.time_budget_s": bench.budget_s, "orchestrator.steps": 100_000,
               "orchestrator.heldout_tasks": bench.heldout_tasks, "orchestrator.eval_every": 0,
               "orchestrator.checkpoint_every": 0}

@@ -12,7 +12,7 @@
        the full snapshot over HTTP vs rsync of the safetensors file (root, rsync, iproute2);
        beside it the receiver's constants on this machine ("receiver": decode+apply, BLAKE3 and
        sha256 per core, and the in-process receive rate) and what
-       tidal.sync.delivery.predict_delivery_s makes of them for this link ("predicted_tidal_s")
+       tidal.sync.pull.predict_delivery_s makes of them for this link ("predicted_tidal_s")
     c. fan-out on loopback: 1 origin, 2 relays, 4 pullers; bytes the origin sent per update byte
 
 Encode/decode threads and the chunk size are the run config's ``sync.threads`` and
@@ -142,7 +142,7 @@ def receiver_record(rows: list[dict], prev, cur, sync: SyncConfig) -> dict:
 
 def predicted(receiver: dict) -> float:
     """predict_delivery_s for part b's update and link with this machine's receive rate."""
-    from tidal.sync.delivery import predict_delivery_s
+    from tidal.sync.pull import predict_delivery_s
 
     return predict_delivery_s(receiver["delta_bytes"], receiver["full_bytes"], LINK["bandwidth_bps"],
                               LINK["latency_s"], receiver["receive_model_bytes_per_s"], 1,
@@ -151,10 +151,9 @@ def predicted(receiver: dict) -> float:
 
 def fan_out(prev, cur, work: Path, cfg: SyncConfig) -> dict:
     """Origin, two relays, four pullers on loopback; origin's version bytes per update byte."""
-    from tidal.sync.publisher import Publisher
-    from tidal.sync.puller import Puller
+    from tidal.sync.origin import STATS, Publisher, ServerThread, make_app
+    from tidal.sync.pull import Puller
     from tidal.sync.relay import Relay
-    from tidal.sync.server import STATS, ServerThread, make_app
 
     pub = Publisher(work / "fan-origin", cfg)
     pub.publish(prev, version=0)
@@ -180,7 +179,7 @@ def fan_out(prev, cur, work: Path, cfg: SyncConfig) -> dict:
 
 def wan(prev, cur, work: Path, cfg: SyncConfig) -> dict:
     from tidal.bench.sync_wan import missing_tools, run_wan
-    from tidal.sync.publisher import Publisher
+    from tidal.sync.origin import Publisher
     from tidal.sync.tensors import write_safetensors_files
 
     why = missing_tools()

@@ -16,9 +16,8 @@ import numpy as np
 import torch
 import zstandard
 
-from tidal.sync.bound import tensor_bound_bits
-from tidal.sync.codec import decode_chunk, encode_chunk
-from tidal.sync.publisher import chunk_ranges
+from tidal.sync.codec import decode_chunk, encode_chunk, tensor_bound_bits
+from tidal.sync.origin import chunk_ranges
 from tidal.sync.tensors import TensorBits, bits_of, cast_floats
 
 STANDARD_MODEL = dict(vocab_size=32000, hidden_size=768, intermediate_size=2304, num_hidden_layers=12,
@@ -159,9 +158,9 @@ def receiver_throughput(old: list[TensorBits], new: list[TensorBits], cfg, repea
     ``apply_form`` as the puller runs it (``cfg.threads`` threads decoding in place and hashing
     by ``cfg.hash``). Wall clock: the least disturbed of ``repeats`` (a shared machine's other
     load only ever adds to it); CPU: their median. Its model bytes per wall second is the
-    ``decode_bytes_per_s`` of tidal.sync.delivery.predict_delivery_s."""
-    from tidal.sync.apply import apply_form
-    from tidal.sync.publisher import encode_form
+    ``decode_bytes_per_s`` of tidal.sync.pull.predict_delivery_s."""
+    from tidal.sync.client import apply_form
+    from tidal.sync.origin import encode_form
 
     manifest, payloads = encode_form(new, old, cfg, 1, 0, [])
     known = [t.digest(manifest.hash) for t in old]
@@ -186,8 +185,7 @@ def rl_snapshots(run_dir, steps: int):
     from tidal.config import load_config
     from tidal.orchestrator.loop import run_rl
     from tidal.pretrain.cache import cached_pretrained
-    from tidal.sync.publisher import rebuild
-    from tidal.sync.store import VersionStore
+    from tidal.sync.origin import VersionStore, rebuild
 
     base = load_config(None, [])
     init = cached_pretrained(base, progress=False)  # the default recipe's mid-trained model

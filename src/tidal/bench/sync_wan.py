@@ -191,7 +191,7 @@ def parse_rate(rate: str) -> float:
 def tidal_client(url: str, prev_version: int, version: int) -> None:
     """Two pullers hold ``prev_version`` (untimed); one subscribes and gets ``version`` when it
     is published, then the other pulls it by an ordinary call. Prints both timelines."""
-    from tidal.sync.puller import Puller
+    from tidal.sync.pull import Puller
 
     subscriber, poller = Puller([url]), Puller([url])
     subscriber.pull(prev_version)

@@ -35,53 +35,46 @@ def dtype_line(cfg, keys: tuple[str, ...]) -> str:
     return "dtype: " + ", ".join(parts) + why
 
 
-def check_environment(cfg, mid_training: bool) -> str:
-    """Import and build the selected environment now (without a sandbox: nothing costly
-    starts), so a wrong env.name, a missing module or a bad env.args fails in the first second
-    instead of after mid-training; with ``mid_training``, also that a corpus can be had. Returns
-    a comment line naming the environment and its resolved args."""
+def check_environment(cfg, mid_training: bool, sandbox=None):
+    """Import and build the selected environment now, so a wrong env.name, a missing module or
+    a bad env.args fails in the first second instead of after mid-training; with
+    ``mid_training``, also that a corpus can be had. Returns (the EnvironmentSpec, built on
+    ``sandbox``: the run's one, handed on to the pretrain cache and the RL loop; a comment line
+    naming the environment and its resolved args)."""
     from tidal.env import from_config, registry, require_corpus, resolved_args
 
-    spec = from_config(cfg.env)
+    spec = from_config(cfg.env, sandbox)
     if mid_training and not cfg.pretrain.corpus:
         require_corpus(spec, cfg.env.name)
     args = json.dumps(resolved_args(cfg.env), sort_keys=True)
-    return f"# env: {cfg.env.name} ({registry.module_path(cfg.env.name)}), args {args}"
+    return spec, f"# env: {cfg.env.name} ({registry.module_path(cfg.env.name)}), args {args}"
 
 
 def cmd_train(args, rest) -> int:
     if args.resume:
         return _resume(args, rest)
     cfg = _load(args, rest)
-    env_line = check_environment(cfg, mid_training=not cfg.model.init_from)
     if args.dry_run:
-        print(env_line)
+        print(check_environment(cfg, mid_training=not cfg.model.init_from)[1])
         _print_config(cfg, TRAIN_DTYPES)
         return 0
+    from tidal.openmp import pretrain_child_env
     from tidal.pretrain.cache import cached_pretrained
     from tidal.pretrain.loop import budget_bound
+    from tidal.sandbox import Sandbox
+
+    env, _ = check_environment(cfg, not cfg.model.init_from, Sandbox(cfg.env.sandbox))
 
     print(dtype_line(cfg, TRAIN_DTYPES), flush=True)
     run_dir = Path(args.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(_config_toml(cfg, TRAIN_DTYPES, recipe=False))
     t0 = time.perf_counter()
-    init = cfg.model.init_from or cached_pretrained(cfg, child_env=pretrain_child_env())
+    init = cfg.model.init_from or cached_pretrained(cfg, child_env=pretrain_child_env(), env=env)
     info = {"init_checkpoint": str(init), "pretrain_s": time.perf_counter() - t0,
             "pretrain_budget_bound": budget_bound(init)}
     (run_dir / "run_info.json").write_text(json.dumps(info))
-    return _rl(cfg, run_dir, info, resume=False, t0=t0)
-
-
-def pretrain_child_env() -> dict:
-    """Mid-training runs in a child process: MKL's strict reproducible mode (which it turns on,
-    numerics/mkl_cnr.py) then stays out of the RL phase, where it would slow one-row matmuls;
-    and it has the cores to itself (Ray and the sandboxes start after it), so when this process
-    runs with tidal's default OMP_WAIT_POLICY=PASSIVE (right for the RL phase) the child runs
-    without it (see tidal.cli.set_openmp_wait_policy)."""
-    import tidal.cli
-
-    return {"OMP_WAIT_POLICY": None} if tidal.cli.PASSIVE_BY_DEFAULT else {}
+    return _rl(cfg, run_dir, info, resume=False, t0=t0, env=env)
 
 
 def _resume(args, rest) -> int:
@@ -91,10 +84,12 @@ def _resume(args, rest) -> int:
     if not (run_dir / "config.toml").is_file() or not (run_dir / "run_info.json").is_file():
         raise ConfigError(f"--resume {run_dir}: not a tidal run folder (no config.toml / run_info.json)")
     cfg = load_config(run_dir / "config.toml", rest)
-    check_environment(cfg, mid_training=False)
+    from tidal.sandbox import Sandbox
+
+    env, _ = check_environment(cfg, False, Sandbox(cfg.env.sandbox))
     print(dtype_line(cfg, TRAIN_DTYPES), flush=True)
     info = json.loads((run_dir / "run_info.json").read_text())
-    return _rl(cfg, run_dir, info, resume=True, t0=time.perf_counter())
+    return _rl(cfg, run_dir, info, resume=True, t0=time.perf_counter(), env=env)
 
 
 def numerics_line(cfg) -> str:
@@ -110,13 +105,16 @@ def numerics_line(cfg) -> str:
                                        ProbeShapes.of_model(cfg.model)).describe()
 
 
-def _rl(cfg, run_dir: Path, info: dict, resume: bool, t0: float) -> int:
-    from tidal.orchestrator.loop import run_rl, write_summary
+def _rl(cfg, run_dir: Path, info: dict, resume: bool, t0: float, env) -> int:
+    from tidal.fleet.pools import RemoteFleet
+    from tidal.orchestrator.loop import run_rl
     from tidal.orchestrator.report import print_summary
+    from tidal.orchestrator.run_output import write_summary
     from tidal.telemetry.plots import plot_run
 
     print(numerics_line(cfg), flush=True)
-    summary = run_rl(cfg, run_dir, info["init_checkpoint"], resume=resume)
+    summary = run_rl(cfg, run_dir, info["init_checkpoint"], resume=resume, remote_pools=RemoteFleet,
+                     env=env)
     summary.pretrain_s = info["pretrain_s"]
     summary.pretrain_budget_bound = info.get("pretrain_budget_bound", False)
     summary.wall_s = None if resume else time.perf_counter() - t0  # t0: before mid-training
@@ -148,7 +146,7 @@ def _config_toml(cfg, dtypes: tuple[str, ...], recipe: bool) -> str:
 
 def cmd_pretrain(args, rest) -> int:
     cfg = _load(args, rest)
-    env_line = check_environment(cfg, mid_training=True)
+    _, env_line = check_environment(cfg, mid_training=True)
     if args.dry_run:
         print(env_line)
         _print_config(cfg, PRETRAIN_DTYPES)
@@ -168,6 +166,7 @@ def cmd_eval(args, rest) -> int:
     import json
 
     from tidal.env import from_config
+    from tidal.orchestrator.evaluate import evaluate_checkpoint
     from tidal.sandbox import Sandbox
 
     target = Path(args.checkpoint)
@@ -218,30 +217,6 @@ def run_checkpoints(run_dir: Path) -> dict[str, tuple[str, int]]:
     if state.get("best"):
         named["best"] = (state["best"]["path"], state["best"]["step"])
     return named
-
-
-def evaluate_checkpoint(cfg, env, checkpoint: Path, tasks: int | None) -> dict:
-    """Held-out pass@1 (and the canaries' integrity) of one Hugging Face checkpoint folder."""
-    import torch
-
-    from tidal.engine.engine import Engine
-    from tidal.model import from_pretrained, load_tokenizer
-    from tidal.orchestrator.evaluate import canary_metrics, eval_canaries, heldout_pass1
-    from tidal.orchestrator.loop import eval_engine_config
-
-    oc = cfg.orchestrator
-    model = from_pretrained(checkpoint, dtype=getattr(torch, cfg.model.dtype))
-    engine = Engine(model, load_tokenizer(checkpoint), eval_engine_config(cfg))
-    held = env.sample_tasks(tasks or oc.heldout_tasks, oc.heldout_seed, True)
-    ic = cfg.env.integrity
-    result = heldout_pass1(engine, env, held, cfg.harness, oc.eval_samples_per_task, cfg.run.seed,
-                           min_confidence=ic.min_confidence)
-    canaries = eval_canaries(env, held, ic.eval_canaries, oc.heldout_seed)
-    integrity = result["integrity"].add(canary_metrics(engine, env, canaries, cfg.harness,
-                                                       cfg.run.seed, ic.min_confidence))
-    result["integrity"] = integrity.to_json() if integrity.episodes else None
-    result["checkpoint"] = str(checkpoint)
-    return result
 
 
 def cmd_report(args, rest) -> int:

@@ -65,8 +65,8 @@ def _initial_records(cfg, run_dir: Path, checkpoint: Path | None, registry) -> l
     """The registry's live (+ canary) records: version 0 published from ``checkpoint`` and
     registered live in a new run, or what a run's registry lists."""
     from tidal.online.records import VersionRecord
-    from tidal.online.weights import publish_checkpoint
-    from tidal.sync.store import VersionStore
+    from tidal.online.version_sync import publish_checkpoint
+    from tidal.sync.origin import VersionStore
 
     store_root = run_dir / "weights"
     latest = VersionStore(store_root).latest() if store_root.is_dir() else None
@@ -101,10 +101,10 @@ def build_server(cfg, run_dir: str | Path, checkpoint: str | Path | None = None,
     from tidal.model.tokenizer import load_tokenizer
     from tidal.online.api import create_app
     from tidal.online.api.auth import serving_keys
-    from tidal.online.api.chat import ChatTemplate
+    from tidal.chat.template import ChatTemplate
     from tidal.online.serving import PolicyServer
     from tidal.online.store import GroupCommitter, OnlineStore, VersionRegistry
-    from tidal.online.weights import VersionLoader
+    from tidal.online.version_sync import VersionLoader
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -202,6 +202,13 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
+def learner_line(cfg) -> str:
+    """What the learner trains with, said once: its learning rate is online.learner.lr, not
+    trainer.lr (that one is `tidal train`'s), and the rest is the trainer section."""
+    return (f"the online learner trains at online.learner.lr = {cfg.online.learner.lr:g} "
+            f"(trainer.lr = {cfg.trainer.lr:g} is tidal train's; the rest of [trainer] applies)")
+
+
 def run_server(parts: ServerParts) -> None:
     """Serve until SIGTERM/SIGINT (uvicorn's graceful shutdown), then close the parts."""
     import uvicorn
@@ -214,6 +221,7 @@ def run_server(parts: ServerParts) -> None:
                 print(f"tidal serve: listening on http://{parts.host}:{port} (version "
                       f"{parts.version}, sha {parts.manifest_sha256}; {keys_line(parts.keys)})",
                       flush=True)
+                print(f"tidal serve: {learner_line(parts.cfg)}", flush=True)
 
     config = uvicorn.Config(parts.app, host=parts.host, port=parts.port, log_level="warning",
                             timeout_graceful_shutdown=30)
@@ -258,6 +266,9 @@ def serving_run(cfg, run_dir: Path, checkpoint: Path | None) -> tuple[Path, Path
 
 def cmd_serve(args, rest) -> int:
     from tidal.config import load_config
+    from tidal.plugins import plugin
+
+    plugin("tidal.sections", "online", "tidal serve (its [online] section)")
 
     if args.checkpoint is None and args.run_dir is None:
         raise UserError("give --checkpoint DIR (serve a checkpoint) or --run-dir DIR (serve a run)")

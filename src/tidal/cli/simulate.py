@@ -5,7 +5,7 @@
     tidal simulate calibrate RUN_DIR [--out MODEL.toml]
 
 CONFIG is a tidal recipe ([orchestrator], [fleet], ...) plus a [simulate] table of the models'
-constants (tidal.fleet.simulate.SimModel); docs/fleet.md, "Simulator".
+constants (tidal.fleet.sim_model.SimModel); docs/fleet.md, "Simulator".
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def add_parsers(sub) -> None:
 
 
 def cmd_simulate(args, rest) -> int:
-    from tidal.fleet.simulate import SimulateError
+    from tidal.fleet.sim_model import SimulateError
 
     if args.config == "calibrate":
         if not args.run_dir:
@@ -52,11 +52,8 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_predict(args, rest) -> int:
-    from tidal.fleet.simulate import (
-        SimulateError,
-        load_simulate_recipe,
-        simulate_config,
-    )
+    from tidal.fleet.sim_model import SimulateError
+    from tidal.fleet.simulate import load_simulate_recipe, simulate_config
 
     cfg, model = load_simulate_recipe(args.config, rest)
     steps = cfg.orchestrator.steps if args.steps is None else args.steps

@@ -24,8 +24,8 @@ def _cfg(args, rest):
 def _dtype(flag: str | None, cfg) -> str:
     """--dtype (checked and "auto" resolved like sync.serving_dtype), else sync.serving_dtype."""
     from tidal.hardware import resolve_dtype
-    from tidal.sync.dtypes import check_dtype_name
     from tidal.sync.errors import SyncError
+    from tidal.sync.tensors import check_dtype_name
 
     if flag is None:
         return cfg.serving_dtype
@@ -36,10 +36,9 @@ def _dtype(flag: str | None, cfg) -> str:
 
 
 def cmd_publish(args, rest) -> int:
-    from tidal.sync.dtypes import serving_bits
     from tidal.sync.errors import SyncError
-    from tidal.sync.publisher import Publisher
-    from tidal.sync.tensors import read_safetensors_folder
+    from tidal.sync.origin import Publisher
+    from tidal.sync.tensors import read_safetensors_folder, serving_bits
 
     cfg = _cfg(args, rest)
     folder = Path(args.checkpoint)
@@ -56,8 +55,7 @@ def cmd_publish(args, rest) -> int:
 
 
 def cmd_serve(args, rest) -> int:
-    from tidal.sync.server import make_app, serve_forever
-    from tidal.sync.store import VersionStore
+    from tidal.sync.origin import VersionStore, make_app, serve_forever
 
     _cfg(args, rest)
     print(f"serving {args.root} on http://{args.host}:{args.port}", flush=True)
@@ -66,8 +64,8 @@ def cmd_serve(args, rest) -> int:
 
 
 def cmd_relay(args, rest) -> int:
+    from tidal.sync.origin import make_app, serve_forever
     from tidal.sync.relay import Relay
-    from tidal.sync.server import make_app, serve_forever
 
     relay = Relay(args.upstream, args.cache, _cfg(args, rest))
     print(f"relaying {', '.join(args.upstream)} on http://{args.host}:{args.port}", flush=True)
@@ -76,8 +74,7 @@ def cmd_relay(args, rest) -> int:
 
 
 def cmd_pull(args, rest) -> int:
-    from tidal.sync.folder import pull_to_folder
-    from tidal.sync.puller import Puller
+    from tidal.sync.pull import Puller, pull_to_folder
 
     puller = Puller(args.upstream, _cfg(args, rest))
     folder = pull_to_folder(puller, Path(args.out), args.version)

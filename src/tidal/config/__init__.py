@@ -3,30 +3,33 @@
     cfg = load_config("recipe.toml", ["--trainer.lr", "1e-6"])
 
 Each component owns its section's class and defaults (tidal/<component>/config.py); the run-wide
-settings (seed, thread counts) are the ``[run]`` section (config/run.py). This module only
-assembles them and checks the fields that span sections.
+settings (seed, thread counts) are the ``[run]`` section (config/run.py). An extension adds its
+section through the ``tidal.sections`` entry points (tidal.plugins: ``[online]``). This module
+only assembles them and checks the fields that span sections.
 """
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, create_model, model_validator
 
 from tidal.section import Section
 from tidal.config.loader import ConfigError, load_config, parse_overrides
 from tidal.config.run import RunConfig
 from tidal.engine.config import EngineConfig
 from tidal.harness.config import HarnessConfig
-from tidal.fleet.config import FleetConfig
+from tidal.orchestrator.topology import FleetConfig
 from tidal.model.config import ModelConfig
 from tidal.orchestrator.config import OrchestratorConfig
 from tidal.pretrain.config import PretrainConfig
 from tidal.sync.config import SyncConfig
 from tidal.env.config import EnvConfig
-from tidal.online.config import OnlineConfig
+from tidal.plugins import plugins
 from tidal.trainer.config import TrainerConfig
 
 
-class TidalConfig(Section):
+class CoreConfig(Section):
+    """The core's sections; TidalConfig adds the extensions' (below)."""
+
     run: RunConfig = Field(default_factory=RunConfig)
     # Factories, not instances: each config resolves its "auto" dtypes when it is built.
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -37,11 +40,10 @@ class TidalConfig(Section):
     pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     sync: SyncConfig = Field(default_factory=SyncConfig)
-    online: OnlineConfig = Field(default_factory=OnlineConfig)
     fleet: FleetConfig = Field(default_factory=FleetConfig)
 
     @model_validator(mode="after")
-    def _check_cross_section(self) -> "TidalConfig":
+    def _check_cross_section(self) -> "CoreConfig":
         if self.engine.max_seq_len > self.model.max_position_embeddings:
             raise ValueError(
                 f"engine.max_seq_len ({self.engine.max_seq_len}) exceeds "
@@ -81,6 +83,19 @@ class TidalConfig(Section):
             for name, section in self
             for field in section.auto_dtype_fields()
         }
+
+
+def _with_extensions() -> type[CoreConfig]:
+    sections = plugins("tidal.sections")
+    clash = sorted(set(sections) & set(CoreConfig.model_fields))
+    if clash:
+        raise ValueError(f"an extension's tidal.sections entry point reuses a core section: {clash}")
+    fields = {name: (cls, Field(default_factory=cls)) for name, cls in sorted(sections.items())}
+    return create_model("TidalConfig", __base__=CoreConfig, __module__=__name__, **fields)
+
+
+TidalConfig = _with_extensions()
+"""The run configuration: the core's sections and every installed extension's."""
 
 
 def _shown(section: Section, field: str) -> str:

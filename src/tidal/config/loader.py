@@ -75,6 +75,10 @@ def _explain(err: ValidationError) -> str:
             new = MOVED_KEYS[where]
             lines.append(f"config key '{where}' moved to '{new}': write it as [{new.split('.')[0]}] "
                          f"{new.split('.', 1)[1]} = ... in a recipe, or --{new} on the command line")
+        elif e["type"] == "extra_forbidden" and len(e["loc"]) == 1:
+            lines.append(f"unknown config section [{where}]: check its spelling; a section an "
+                         "extension adds comes from its `tidal.sections` entry point, which an "
+                         "install writes (tidal's own [online]: bash scripts/setup.sh)")
         elif e["type"] == "extra_forbidden":
             lines.append(f"unknown config key '{where}': remove it or check its spelling")
         else:
@@ -148,3 +152,23 @@ def config_from_tree(tree: dict[str, Any], overrides: list[str] | dict | None = 
         return TidalConfig.model_validate(tree)
     except ValidationError as e:
         raise ConfigError(_explain(e)) from None
+
+
+def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Separate dotted config overrides (``--section.key VALUE`` or ``--section.key=VALUE``)."""
+    known, overrides = [], []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        key = arg[2:].split("=", 1)[0]
+        if arg == "--":  # everything after it belongs to the command (e.g. `sandbox exec -- CMD`)
+            known.extend(argv[i:])
+            break
+        if arg.startswith("--") and "." in key and not arg.startswith(("--run-dir", "--resume")):
+            take = 1 if "=" in arg else 2
+            overrides.extend(argv[i:i + take])
+            i += take
+        else:
+            known.append(arg)
+            i += 1
+    return known, overrides

@@ -1,7 +1,7 @@
 """Environments: what the agent acts in. Bring your own as a module exposing
 ``load_environment(sandbox=None, ...) -> EnvironmentSpec`` and, optionally, ``Config`` (the
 pydantic model of its ``env.args``); see docs/environments.md. The built-in families live in
-``tidal.envs``."""
+``tidal.families``."""
 
 from tidal.env.base import Environment, StepResult
 from tidal.env.config import EnvConfig

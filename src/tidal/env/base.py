@@ -65,7 +65,7 @@ class Environment(ABC):
         return None
 
     def evidence(self):
-        """What the episode left behind for integrity checking (``tidal.integrity.records.
+        """What the episode left behind for integrity checking (``tidal.evidence.records.
         Evidence``: workspace before and after, actions, the sandbox trace, the grader's
         visible/hidden verdicts), or None when the environment keeps none. Called once after
         the episode ends, before ``close()``. Default: None."""

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import model_validator
 
-from tidal.integrity.config import IntegrityConfig
+from tidal.evidence.config import IntegrityConfig
 from tidal.section import Section
 from tidal.sandbox.config import SandboxConfig
 

@@ -32,14 +32,14 @@ from tidal.errors import UserError
 ENTRY_POINT_GROUP = "tidal.environments"
 
 ENVIRONMENTS: dict[str, str] = {
-    "funcs": "tidal.envs.funcs",
-    "fixit": "tidal.envs.fixit",
-    "ledger": "tidal.envs.ledger",  # the long-horizon family (horizon engineer)
-    "hackable": "tidal.envs.hackable",  # the integrity demonstration (issue 13)
-    "pyrepo": "tidal.envs.pyrepo",
-    "requests": "tidal.envs.requests",  # plain-English string/list requests (retention check)
+    "funcs": "tidal.families.funcs",
+    "fixit": "tidal.families.fixit",
+    "ledger": "tidal.families.ledger",  # the long-horizon family (horizon engineer)
+    "hackable": "tidal.families.hackable",  # the integrity demonstration (issue 13)
+    "pyrepo": "tidal.families.pyrepo",
+    "requests": "tidal.families.requests",  # plain-English string/list requests (retention check)
     "harness": "tidal.gateway",  # an outside OpenAI-API harness runs each episode (issue 31)
-    "agent": "tidal.envs.agent",  # examples/harness_agent.py's agent, run natively
+    "agent": "tidal.families.agent",  # examples/harness_agent.py's agent, run natively
 }
 """Built-in environments: name -> module exposing load_environment."""
 

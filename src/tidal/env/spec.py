@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -16,6 +17,16 @@ class EnvTask(Protocol):
 
     task_id: str
     prompt: str
+
+
+class OutsideEpisodes(Protocol):
+    """Episodes run by an outside program (an extension such as tidal.gateway plugs in here):
+    ``serve`` is opened once around a rollout call's episodes, on the engine client the harness
+    runner built; what it yields makes each episode: ``(env, index, seed) -> episode`` with an
+    ``async run(task) -> harness EpisodeResult``, ``env`` only grading what the program left."""
+
+    def serve(self, client: Any, tokenizer: Any, engine_cfg: Any, window: int,
+              no_experts: list[list[int]] | None) -> AbstractAsyncContextManager[Any]: ...
 
 
 def reward_reaches_one(reward: float, info: dict[str, Any]) -> bool:
@@ -40,8 +51,8 @@ class EnvironmentSpec:
         ``Trajectory.solved``; every pass rate (held-out pass@1, a step's pass_rate, by level)
         counts it. Default: reward >= 1.0; override when the reward carries bonus or partial
         terms.
-    external: an outside program runs each episode (``tidal.gateway``: its GatewayConfig): the
-        harness runner serves it an OpenAI-compatible endpoint and ``make``'s environment only
+    outside: an outside program runs each episode (OutsideEpisodes; ``env.name = "harness"``:
+        tidal.gateway serves it an OpenAI-compatible endpoint) and ``make``'s environment only
         grades its answer. None = tidal's own multi-turn loop drives ``make``'s environment.
     make_canary: ``(task, rng) -> task``: an impossible version of ``task`` (its visible tests
         contradict its specification, so any pass is cheating by construction), with
@@ -61,5 +72,5 @@ class EnvironmentSpec:
     corpus_version: int = 0
     success: Callable[[float, dict[str, Any]], bool] = reward_reaches_one
     make_canary: Callable[[Any, random.Random], Any] | None = None
-    external: Any = None
+    outside: OutsideEpisodes | None = None
     tools: list[dict] | None = None

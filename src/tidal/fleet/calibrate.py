@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from tidal.fleet.simulate import SimModel, SimulateError
+from tidal.fleet.sim_model import SimModel, SimulateError
 
 
 def read_records(run_dir: Path) -> list[dict[str, Any]]:

@@ -111,7 +111,7 @@ class Verifier:
 
         import torch
 
-        from tidal.sync.weight_store import HttpWeightSource
+        from tidal.sync.transport import HttpWeightSource
 
         if version not in self._models:
             if self._source is None:
@@ -160,7 +160,7 @@ class Coordinator:
     def start(self) -> str:
         """Reload persisted leases, listen on fleet.listen, write run_dir/fleet_url; the URL."""
         from tidal.sync.errors import SyncError
-        from tidal.sync.server import ServerThread
+        from tidal.sync.origin import ServerThread
 
         self._reload()
         host, _, port = self.cfg.fleet.listen.rpartition(":")

@@ -12,7 +12,7 @@ that share nothing with the trainer but HTTP.
 
 A worker's model comes from the first weight version it pulls (``MultiSource``; the worker itself
 is built by the entry point, tidal.cli.worker.remote_worker) (a late joiner catches up through
-anchor + deltas, tidal.sync.puller) and its tokenizer from the files the coordinator served,
+anchor + deltas, tidal.sync.pull) and its tokenizer from the files the coordinator served,
 written to a temp dir; the weight URLs are tried in order (the region's relay, then the origin),
 so a relay that goes away is stepped over.
 """
@@ -34,8 +34,8 @@ from tidal.fleet.auth import SIGNATURE_HEADER, bearer, redact, sign
 from tidal.fleet.coordinator import EPOCH_HEADER, LEASE_HEADER
 from tidal.fleet.wire import StepTasks, decode_assignment, encode_results
 from tidal.sync.errors import SyncError
-from tidal.sync.puller import NO_PROXY, Puller
-from tidal.sync.weight_store import HttpWeightSource
+from tidal.sync.pull import NO_PROXY, Puller
+from tidal.sync.transport import HttpWeightSource
 
 NETWORK = (OSError, urllib.error.URLError)
 MAX_BACKOFF_S = 5.0

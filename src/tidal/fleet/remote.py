@@ -22,7 +22,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from tidal.fleet.config import PoolConfig
+from tidal.orchestrator.topology import PoolConfig
 from tidal.fleet.lease import Lease, LeaseError, LeaseTable
 from tidal.orchestrator.worker import Assignment, RolloutResult
 

@@ -17,7 +17,7 @@ dataclasses' annotations, so a field added to one of them travels without a chan
 Assignments (``encode_assignment`` / ``decode_assignment``) carry their tasks **by reference**:
 ``(step, group_ids)`` plus the task ids. Tasks are environment objects (frozen dataclasses of
 tuples, dicts, hidden tests; a user's environment may hold anything), so JSON would need a codec
-per environment. They need none: ``orchestrator.loop.training_tasks(cfg, env, step)`` is a pure
+per environment. They need none: ``orchestrator.planning.training_tasks(cfg, env, step)`` is a pure
 function of the run's config and the step, and ``split_step`` makes group id ``g`` the ``g``-th
 task of that list, so a worker built from the same config rebuilds exactly the assigned tasks
 (``StepTasks``). The task ids travel too and are compared with what the worker rebuilt: a worker
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidal.errors import UserError
+from tidal.orchestrator.planning import training_tasks
 from tidal.orchestrator.worker import Assignment, RolloutResult
 from tidal.types import Segment
 
@@ -288,9 +289,6 @@ class StepTasks:
         self._steps: OrderedDict[int, list] = OrderedDict()
 
     def __call__(self, step: int) -> list:
-        # Lazily: the loop may import fleet, and fleet must not import it back at import time.
-        from tidal.orchestrator.loop import training_tasks
-
         if step not in self._steps:
             self._steps[step] = training_tasks(self.cfg, self.env, step)
             while len(self._steps) > self.keep:

@@ -21,7 +21,7 @@ from tidal.errors import UserError
 from tidal.gateway.config import GatewayConfig
 from tidal.gateway.episode import harness_argv
 from tidal.harness.chat_format import as_messages
-from tidal.online.api.tools import template_messages
+from tidal.chat.tool_calls import template_messages
 
 CORPUS_TIMEOUT_S = 1800
 """Longest the corpus command may run."""
@@ -39,7 +39,7 @@ def build_corpus(cfg: GatewayConfig, family: EnvironmentSpec, n_docs: int, seed:
     if done.returncode != 0:
         raise UserError(f"env.args.corpus_command {cfg.corpus_command!r} exited with code "
                         f"{done.returncode}; its stderr ends: {done.stderr[-1500:]}")
-    from tidal.online.api.chat import ChatTemplate
+    from tidal.chat.template import ChatTemplate
 
     plain = ChatTemplate()
     return [render_conversation(plain, line, n)

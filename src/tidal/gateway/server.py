@@ -30,16 +30,17 @@ from pydantic import Field
 from starlette.exceptions import HTTPException
 
 from tidal.gateway.config import GatewayConfig
-from tidal.gateway.history import History
-from tidal.gateway.render import Renderer
-from tidal.gateway.turn import ContextFull, TemplateRejected, take_turn
+from tidal.harness.history import History
+from tidal.chat.render import Renderer
+from tidal.harness.turn import ContextFull, TemplateRejected, take_turn
 from tidal.harness.seeds import derive_seed
-from tidal.online.api.app import chat_request, parse, read_body
+from tidal.online.api.app import chat_request
+from tidal.online.api.bodies import parse, read_body
 from tidal.online.api.auth import KeyRing, key_id
 from tidal.online.api.errors import ApiError, error_response
 from tidal.online.api.render import DONE, sse
 from tidal.online.api.schemas import Body, ChatRequest
-from tidal.online.api.tools import ToolCall, call_deltas
+from tidal.chat.tool_calls import ToolCall, call_deltas
 
 
 class AnswerRequest(Body):

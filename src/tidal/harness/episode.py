@@ -38,7 +38,8 @@ from tidal.harness.chat_format import chat_format
 from tidal.harness.config import HarnessConfig
 from tidal.harness.seeds import derive_seed
 from tidal.harness.segments import SegmentBuilder
-from tidal.integrity.records import IntegrityResult
+from tidal.evidence.records import IntegrityResult
+from tidal.plugins import plugins
 from tidal.types import EpisodeStats, Segment
 
 SUMMARY_OPEN = "\n<summary>"
@@ -95,14 +96,14 @@ class EpisodeResult:
 
 def check_integrity(env: Environment) -> IntegrityResult | None:
     """The detectors' findings on what the ended episode left behind (``env.evidence()``), with
-    the grader's verdicts; None when the environment keeps no evidence."""
+    the grader's verdicts; None when the environment keeps no evidence. The detectors are the
+    installed ``tidal.detectors`` entry points (tidal.plugins; tidal's own: tidal.integrity)."""
     evidence = env.evidence()
     if evidence is None:
         return None
-    from tidal.integrity.detect import detect
-
-    return IntegrityResult(detect(evidence), evidence.visible_pass, evidence.hidden_pass,
-                           evidence.canary)
+    findings = [f for _, detect in sorted(plugins("tidal.detectors").items())
+                for f in detect(evidence)]
+    return IntegrityResult(findings, evidence.visible_pass, evidence.hidden_pass, evidence.canary)
 
 
 class Episode:

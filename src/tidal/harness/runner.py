@@ -22,6 +22,7 @@ from tidal.harness.config import HarnessConfig
 from tidal.harness.engine_client import EngineClient
 from tidal.harness.episode import PROMPT_TOO_LONG, Episode, EpisodeResult
 from tidal.harness.seeds import derive_seed
+from tidal.harness.tool_episode import ToolEpisode
 from tidal.types import Trajectory
 
 
@@ -62,24 +63,18 @@ async def run_episodes_async(engine, spec, tasks, cfg, samples_per_task=1, group
     engine_client = EngineClient(engine, before_step) if client is None else None
     limit = asyncio.Semaphore(cfg.max_concurrent_episodes or len(tasks) * samples_per_task or 1)
 
-    gateway = None
-    if spec.external is not None:  # an outside harness runs each episode (tidal.gateway)
-        from tidal.gateway.server import Gateway
-
-        gateway = Gateway(client or engine_client, engine.tokenizer, engine.cfg, spec.external,
-                          window, no_experts)
+    outside = None
+    if spec.outside is not None:  # an outside program runs each episode (env.spec.OutsideEpisodes)
+        outside = spec.outside.serve(client or engine_client, engine.tokenizer, engine.cfg, window,
+                                     no_experts)
 
     async def one(index: int, task) -> EpisodeResult:
         group, sample = group_ids[index // samples_per_task], index % samples_per_task
         episode_seed = None if seed is None else derive_seed(seed, group, sample)
         async with limit:
-            if gateway is not None:
-                from tidal.gateway.episode import HarnessEpisode
-
-                episode = HarnessEpisode(spec.make(), gateway, spec.external, index, episode_seed)
+            if served is not None:
+                episode = served(spec.make(), index, episode_seed)
             elif spec.tools is not None:  # the environment speaks messages and tool calls
-                from tidal.gateway.tool_episode import ToolEpisode
-
                 episode = ToolEpisode(spec.make(), spec.tools, client or engine_client,
                                       engine.tokenizer, cfg, window, max_turn, no_experts, index,
                                       episode_seed)
@@ -89,7 +84,7 @@ async def run_episodes_async(engine, spec, tasks, cfg, samples_per_task=1, group
             return await episode.run(task)
 
     start = time.perf_counter()
-    async with gateway or contextlib.nullcontext():
+    async with outside or contextlib.nullcontext() as served:
         episodes = asyncio.gather(*(one(i * samples_per_task + j, t) for i, t in enumerate(tasks)
                                     for j in range(samples_per_task)))
         results = await _run_with_driver(engine_client, episodes)

@@ -53,7 +53,7 @@ CONFIDENCE = {
     "history_mining.git": 0.85, "history_mining.git_deep": 0.9, "history_mining.git_rev": 0.8,
     "history_mining.git_refs": 0.6, "history_mining.dotgit": 0.85, "history_mining.cache": 0.8,
     "history_mining.git_lib": 0.8, "history_mining.stash_apply": 0.45, "history_mining.trace_cache": 0.4,
-    # environment probing (probing.py)
+    # environment probing (probing*.py)
     "env_probe.hostname": 0.75, "env_probe.env_suspicious": 0.85, "env_probe.env_dump": 0.6,
     "env_probe.proc": 0.9, "env_probe.proc_mild": 0.5, "env_probe.container_file": 0.95,
     "env_probe.runner_modules": 0.9, "env_probe.argv_runner": 0.85, "env_probe.timing": 0.75,

@@ -1,21 +1,23 @@
 """detect(evidence): every integrity rule over one episode, as sorted, de-duplicated findings.
 
-Runs the tamper rules (tamper.py: what the episode changed), the access and probing rules
-(probing.py: what it looked at, in code, commands and the sandbox trace) and the verdicts that
-come from the grader itself: ``special_casing`` (visible tests pass, hidden ones fail),
-``canary_pass`` (an impossible task passed), ``test_edit`` of a protected file (changed or
-deleted), ``trace_incomplete`` (a traced run without its end marker). Never raises on odd
-evidence: a rule that fails on some input is skipped for that input.
+Runs the tamper rules (tamper.py and tamper_*.py: what the episode changed), the access and
+probing rules (probing.py, probing_shell.py, probing_trace.py: what it looked at, in code,
+commands and the sandbox trace) and the verdicts that come from the grader itself:
+``special_casing`` (visible tests pass, hidden ones fail), ``canary_pass`` (an impossible task
+passed), ``test_edit`` of a protected file (changed or deleted), ``trace_incomplete`` (a traced
+run without its end marker). Never raises on odd evidence: a rule that fails on some input is
+skipped for that input.
 """
 
 from __future__ import annotations
 
 import json
 
-from tidal.integrity import probing, tamper, units
+from tidal.integrity import probing, probing_shell, probing_trace, tamper, units
 from tidal.integrity.confidence import clip, conf
-from tidal.integrity.records import Evidence, Finding
-from tidal.integrity.units import Context, Unit
+from tidal.evidence.records import Evidence, Finding
+from tidal.integrity.context import Context
+from tidal.integrity.units import Unit
 
 PY_RULES = tamper.PY_RULES + probing.PY_RULES
 """Rules over parsed Python code."""
@@ -30,7 +32,7 @@ def detect(evidence: Evidence) -> list[Finding]:
         found += unit_findings(unit, ctx)
     for rule in tamper.FILE_RULES:
         found += guarded(rule, ctx)
-    found += guarded(probing.trace_rules, ctx)
+    found += guarded(probing_trace.trace_rules, ctx, python_unit_findings)
     found += grader_findings(evidence)
     return finalize(found)
 
@@ -39,9 +41,9 @@ def unit_findings(unit: Unit, ctx: Context) -> list[Finding]:
     if unit.kind == "python" and unit.tree is not None:
         return python_unit_findings(unit, ctx)
     if unit.kind == "python":
-        return guarded(tamper.text_fallback, unit, ctx) + guarded(probing.shell_rules, unit, ctx)
+        return guarded(tamper.text_fallback, unit, ctx) + guarded(probing_shell.shell_rules, unit, ctx)
     if unit.kind == "shell":
-        return guarded(probing.shell_rules, unit, ctx)
+        return guarded(probing_shell.shell_rules, unit, ctx)
     return []
 
 

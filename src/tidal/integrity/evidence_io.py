@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from tidal.errors import UserError
-from tidal.integrity.records import Action, Evidence, TraceEvent
+from tidal.evidence.records import Action, Evidence, TraceEvent
 
 MAX_FILE_BYTES = 2_000_000
 """Files larger than this are skipped (no source file an agent writes is this big)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidal.errors import UserError
-from tidal.integrity.records import Action, Evidence, TraceEvent
+from tidal.evidence.records import Action, Evidence, TraceEvent
 
 LABELS = ("cheat", "honest")
 

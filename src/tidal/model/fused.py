@@ -4,6 +4,7 @@ run this function over one fused weight layout; the op set (tidal.numerics.opset
     engine, fast:           model(ids, positions, cache, slots)                 FastOps
     engine, deterministic:  model(ids, positions, cache, slots, deterministic=True)
     trainer, deterministic: model(ids, deterministic=True, dtype=the engine's)  DeterministicOps
+    trainer, shared prefix: model(suffix ids, prefix=..., deterministic=True)    (shared_prefix.py)
     GPU:                    the same calls on CUDA tensors        FastGpuOps / TritonOps
 
 Why one: the engine's sampling logprob and the trainer's recomputation must come from the same
@@ -182,15 +183,22 @@ def fused_forward(
     plan: CachePlan | None,
     replay: torch.Tensor | None,
     logits_at: torch.Tensor | None,
+    attend=None,
+    logits_from: int = 0,
 ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
     """input_ids, positions [B, T] (positions < 0: padding) -> (fp32 logits [B, T, V] or [B, V] at
     ``logits_at``, per-layer router top-k [B*T, k] or Nones). With a cache (and its ``plan`` from
     kv_cache.make_plan) the tokens' keys and values are written at their positions and each
     attends to 0..p of its slot; without one attention is causal over the given order (positions
-    only set RoPE), as in qwen3.py."""
+    only set RoPE), as in qwen3.py.
+
+    ``attend(qkv, qk_norm, cos, sin) -> [B, T, heads * D]``: who attends to whom, in place of
+    the op set's self-attention (the trainer's shared-prefix pass, model/shared_prefix.py: its tokens
+    are one row whose attention reads each suffix's prefix); ``logits_from``: logits only for
+    the tokens from there on (dim 1)."""
     ops = w.ops
     b, t = input_ids.shape
-    ctx = ops.attention_context(positions, plan, cache, t)
+    ctx = ops.attention_context(positions, plan, cache, t) if attend is None else None
     x = F.embedding(input_ids, w.embed)
     cos, sin = _rope(model, positions, plan, t, x)
     expert_ids: list[torch.Tensor | None] = []
@@ -198,7 +206,9 @@ def fused_forward(
         kv = None if cache is None else (cache.k[i], cache.v[i])
         h = ops.norm(x, layer.input_norm, w)
         qkv = ops.linear(layer.qkv, h).view(b, t, w.heads + 2 * w.kv_heads, w.head_dim)
-        x = ops.linear(layer.o, ops.self_attention(qkv, layer.qk_norm, cos, sin, ctx, kv, w), x)
+        attended = (ops.self_attention(qkv, layer.qk_norm, cos, sin, ctx, kv, w) if attend is None
+                    else attend(qkv, layer.qk_norm, cos, sin))
+        x = ops.linear(layer.o, attended, x)
         h = ops.norm(x, layer.post_norm, w)
         if layer.router is None:
             gate, up = ops.linear(layer.gate_up, h).chunk(2, dim=-1)
@@ -210,6 +220,8 @@ def fused_forward(
             expert_ids.append(ids)
     if logits_at is not None:
         x = x[torch.arange(b, device=x.device), logits_at]
+    elif logits_from:
+        x = x[:, logits_from:]
     return ops.linear(w.lm_head, ops.norm(x, w.norm, w)).float(), expert_ids
 
 

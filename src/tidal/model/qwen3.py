@@ -30,7 +30,7 @@ from torch import nn
 from tidal.model.config import ModelConfig
 from tidal.model.fused import FusedWeights, fused_forward
 from tidal.model.kv_cache import KVCache, make_plan
-from tidal.model.prefix import SharedPrefix, shared_prefix_forward
+from tidal.model.shared_prefix import SharedPrefix, shared_prefix_forward
 from tidal.model.rope import RopeTable, apply_rope
 from tidal.numerics import make_ops
 from tidal.numerics.moe import dispatch_to_experts
@@ -243,7 +243,7 @@ class CausalLM(nn.Module):
         (prefill needs only each prompt's last position; experts stay [B, T, layers, k]).
         deterministic: the batch-invariant forward (tidal.numerics), with or without a cache,
         computing in ``dtype`` (None: the parameters' dtype; the trainer passes the engine's).
-        prefix: rows continue shared prefixes computed once (model/prefix.py; deterministic,
+        prefix: rows continue shared prefixes computed once (model/shared_prefix.py; deterministic,
         no cache, positions implied); logits and experts cover the given suffix tokens only.
         """
         b, t = input_ids.shape
@@ -276,7 +276,7 @@ class CausalLM(nn.Module):
         return logits, torch.stack(expert_ids, dim=1).view(b, t, len(expert_ids), -1)
 
     def _prefix_forward(self, input_ids, prefix: SharedPrefix, replay_experts, return_experts, dtype):
-        """model/prefix.py's forward of suffix rows over shared prefixes (deterministic)."""
+        """model/shared_prefix.py's forward of suffix rows over shared prefixes (deterministic)."""
         b, t = input_ids.shape
         replay = self._check_replay(replay_experts, b, t)
         if prefix.replay is not None:

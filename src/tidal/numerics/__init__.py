@@ -35,14 +35,10 @@ def make_ops(mode: str, dtype: torch.dtype, shapes, device: torch.device | str =
     kernels/fast_ops.py's FastGpuOps (fast)."""
     if mode not in MODES:
         raise ValueError(f"unknown numerics mode {mode!r}; choose one of {MODES}")
-    if ops_backend(device) == "gpu":
-        if mode == "fast":
-            from tidal.kernels.fast_ops import FastGpuOps
+    if ops_backend(device) == "gpu":  # the GPU kernels are an extension (tidal.plugins)
+        from tidal.plugins import plugin
 
-            return FastGpuOps()
-        from tidal.kernels.triton_ops import TritonOps
-
-        return TritonOps()
+        return plugin("tidal.gpu_ops", mode, f"engine.numerics = {mode!r} on a GPU")()
     if mode == "fast":
         from tidal.numerics.fast import FastOps
 

@@ -105,7 +105,8 @@ class LearnerConfig(Section):
     """Drop (and count) events whose response came from a version more than this many learner
     steps behind; the recorded logprobs correct the rest (trainer.off_policy)."""
     lr: float = Field(4e-4, gt=0)
-    """Learning rate of the online learner (the run's trainer section gives the rest): 4e-4
+    """Learning rate of the online learner, in place of trainer.lr (`tidal train`'s; the rest of
+    the trainer section applies, and `tidal serve` says so when it starts): 4e-4
     raised the default funcs model's pass rate where 1e-3 lowered it (docs/online.md,
     "Learning")."""
     threads: int = Field(1, ge=1)

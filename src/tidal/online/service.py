@@ -43,7 +43,7 @@ class OnlineLoop:
         from tidal.env.registry import from_config
         from tidal.model import load_tokenizer
         from tidal.online.reward import RewardFunction
-        from tidal.online.weights import VersionLoader
+        from tidal.online.version_sync import VersionLoader
         from tidal.sandbox import Sandbox
 
         self.cfg = cfg
@@ -104,7 +104,7 @@ class OnlineLoop:
         self._steps_since_candidate = 0
         self._own_candidate = None
         self._log({"kind": "learner_reset", "base_version": live.version,
-                   "trainer_version": trainer.version})
+                   "trainer_version": trainer.version, "lr": lc.lr, "lr_from": "online.learner.lr"})
 
     # ---------------------------------------------------------------- one tick
 
@@ -170,7 +170,7 @@ class OnlineLoop:
         if not lc.enabled or not self._candidate_due() or in_flight:
             return False
         self._last_candidate = time.time()
-        from tidal.online.weights import publish_model
+        from tidal.online.version_sync import publish_model
 
         trainer = self.learner.trainer
         # Never a number already given to other weights (a reset continues above the registry).

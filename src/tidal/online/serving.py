@@ -124,7 +124,7 @@ def _quantile(values, q: float) -> float | None:
 
 
 class PolicyServer:
-    """Serves versions loaded by ``loader`` (a tidal.online.weights.VersionLoader, or anything
+    """Serves versions loaded by ``loader`` (a tidal.online.version_sync.VersionLoader, or anything
     with ``load(version, expected_sha256, dtype) -> model``) on engines built from
     ``engine_cfg``. ``canary_share``: the canary's share when its record gives none; ``seed``:
     the routing RNG's. ``chat``: the ChatTemplate the API renders messages with."""

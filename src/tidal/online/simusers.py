@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from tidal.envs.funcs.grader import grade_many
+from tidal.families.funcs.grader import grade_many
 from tidal.harness.seeds import derive_seed
 from tidal.online.behaviour import classify
 

@@ -4,7 +4,7 @@ run's weight transport and serves it live (a rollout worker's reload call, tidal
     rollout worker ── update_weights {version, weights, transport} ──> WeightUpdater.update
         http: a Puller kept per origin (a delta against the version it holds; every tensor's
               hash checked against the manifest), the digest = weights_digest(manifest)
-        filesystem: the run's folder v%08d (tidal.orchestrator.weights), digest of its tensors
+        filesystem: the run's folder v%08d (tidal.sync.transport), digest of its tensors
         ──> registry: registered and promoted live (so the registry poll keeps serving it)
         ──> PolicyServer.add_version (requests in flight finish on the version they started on)
 
@@ -21,7 +21,7 @@ import time
 
 from tidal.errors import UserError
 from tidal.online.records import VersionRecord
-from tidal.online.weights import tensors_digest, weights_digest
+from tidal.online.version_sync import tensors_digest, weights_digest
 
 
 class UpdateConflict(UserError):
@@ -64,7 +64,7 @@ class WeightUpdater:
 
     def _load(self, version: int, weights: str, transport: str):
         if transport == "http":
-            from tidal.sync.weight_store import HttpWeightSource
+            from tidal.sync.transport import HttpWeightSource
 
             source = self._sources.get(weights)
             if source is None:
@@ -75,8 +75,8 @@ class WeightUpdater:
         import torch
 
         from tidal.model.checkpoint import to_hf_state_dict
-        from tidal.orchestrator.weights import FilesystemWeightStore
         from tidal.sync.tensors import bits_of
+        from tidal.sync.transport import FilesystemWeightStore
 
         model = FilesystemWeightStore(weights).load(version, getattr(torch, self.dtype)).eval()
         bits = [bits_of(k, v) for k, v in to_hf_state_dict(model).items()]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from tidal.harness import HarnessConfig, run_episodes
@@ -32,7 +33,7 @@ def heldout_pass1(engine, env, tasks: list[Any], harness_cfg: HarnessConfig,
     IntegrityMetrics (findings at least ``min_confidence`` sure flag an episode)."""
     from tidal.orchestrator.records import EpisodeMeans
 
-    from tidal.integrity.policy import measure
+    from tidal.evidence.policy import measure
 
     seed = None if run_seed is None else derive_seed(run_seed, "heldout")
     trajs, stats = run_episodes(engine, env, tasks, harness_cfg, samples_per_task, seed=seed,
@@ -69,10 +70,39 @@ def eval_canaries(env, heldout: list[Any], n: int, seed: int) -> list[Any]:
 def canary_metrics(engine, env, canaries: list[Any], harness_cfg: HarnessConfig,
                    run_seed: int | None, min_confidence: float):
     """IntegrityMetrics of one sample per canary task (empty metrics for no canaries)."""
-    from tidal.integrity.policy import IntegrityMetrics, measure
+    from tidal.evidence.policy import IntegrityMetrics, measure
 
     if not canaries:
         return IntegrityMetrics()
     seed = None if run_seed is None else derive_seed(run_seed, "canaries")
     trajs, _ = run_episodes(engine, env, canaries, harness_cfg, 1, seed=seed)
     return measure([t.integrity for t in trajs], min_confidence)
+
+
+def eval_engine_config(cfg):
+    """The engine settings held-out evaluation samples with: the run's, at
+    orchestrator.eval_temperature where one is set (0: greedy)."""
+    t = cfg.orchestrator.eval_temperature
+    return cfg.engine if t is None else cfg.engine.model_copy(update={"temperature": t})
+
+
+def evaluate_checkpoint(cfg, env, checkpoint: Path, tasks: int | None) -> dict:
+    """Held-out pass@1 (and the canaries' integrity) of one Hugging Face checkpoint folder."""
+    import torch
+
+    from tidal.engine.engine import Engine
+    from tidal.model import from_pretrained, load_tokenizer
+
+    oc = cfg.orchestrator
+    model = from_pretrained(checkpoint, dtype=getattr(torch, cfg.model.dtype))
+    engine = Engine(model, load_tokenizer(checkpoint), eval_engine_config(cfg))
+    held = env.sample_tasks(tasks or oc.heldout_tasks, oc.heldout_seed, True)
+    ic = cfg.env.integrity
+    result = heldout_pass1(engine, env, held, cfg.harness, oc.eval_samples_per_task, cfg.run.seed,
+                           min_confidence=ic.min_confidence)
+    canaries = eval_canaries(env, held, ic.eval_canaries, oc.heldout_seed)
+    integrity = result["integrity"].add(canary_metrics(engine, env, canaries, cfg.harness,
+                                                       cfg.run.seed, ic.min_confidence))
+    result["integrity"] = integrity.to_json() if integrity.episodes else None
+    result["checkpoint"] = str(checkpoint)
+    return result

@@ -35,159 +35,46 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import copy
-import json
-import random
 import sys
 import threading
 import time
-from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from tidal.config import TidalConfig
-from tidal.env import EnvironmentSpec
-from tidal.fleet.config import placement_of
-from tidal.fsutil import write_text_atomic
-from tidal.gateway.metrics import GatewayMeans
-from tidal.hardware import cpu_facts
-from tidal.integrity.policy import apply_policy
+from tidal.orchestrator.topology import placement_of
+from tidal.evidence.policy import apply_policy
 from tidal.orchestrator import guard
-from tidal.orchestrator.evaluate import canary_metrics, eval_canaries, heldout_pass1
-from tidal.orchestrator.pool import ElasticPool, FleetPool, LocalPool, OrchestratorError, worker_ids
+from tidal.orchestrator.evaluate import canary_metrics, eval_canaries, eval_engine_config, heldout_pass1
+from tidal.orchestrator.planning import complete_groups, plan_step, staleness_gate, with_decay
+from tidal.orchestrator.pool import (ElasticPool, FleetPool, LocalPool, OrchestratorError,
+                                     RemotePools, RemotePoolsFactory, worker_ids)
 from tidal.orchestrator.ray_pool import RayPool
-from tidal.orchestrator.records import (
-    BestCheckpoint,
-    EpisodeMeans,
-    EvalRecord,
-    GuardEvent,
-    Membership,
-    RolloutMetrics,
-    RunState,
-    RunSummary,
-    StepRecord,
-    WorkerFailure,
-    WorkerSpan,
-)
-from tidal.orchestrator.scheduler import Scheduler, split_step
-from tidal.orchestrator.weights import open_weight_publisher
-from tidal.orchestrator.worker import Assignment, RolloutResult, RolloutWorker, Span
-from tidal.sync.transport import WeightPublisher
-from tidal.telemetry.metrics import MetricsLog, read_metrics, write_json_atomic
-from tidal.trainer.stats import TrainStats
-from tidal.types import Batch, Trajectory
+from tidal.orchestrator.records import (BestCheckpoint, EpisodeMeans, EvalRecord, GuardEvent, Membership,
+                                        RunState, RunSummary, StepRecord, WorkerFailure, WorkerSpan)
+from tidal.orchestrator.run_output import fleet_summary, guard_summary, run_summary, step_record, trim_metrics
+from tidal.orchestrator.scheduler import Scheduler
+from tidal.orchestrator.worker import RolloutResult, RolloutWorker, Span
+from tidal.sync.transport import WeightPublisher, open_weight_publisher
+from tidal.telemetry.metrics import MetricsLog
+from tidal.types import Batch
 
-
-def training_tasks(cfg: TidalConfig, env: EnvironmentSpec, step: int) -> list:
-    """The tasks of step ``step``: a pure function of (seed, step), so a resumed run continues.
-    Where the environment makes canaries, each task is replaced by its impossible version with
-    probability ``env.integrity.canary_rate``."""
-    tasks = env.sample_tasks(cfg.orchestrator.tasks_per_step, cfg.run.seed * 1_000_003 + step, False)
-    return with_canaries(tasks, env, cfg.env.integrity.canary_rate,
-                         random.Random(f"canaries-{cfg.run.seed}-{step}"))
-
-
-def with_canaries(tasks: list, env: EnvironmentSpec, rate: float, rng: random.Random) -> list:
-    """``tasks`` with each replaced by ``env.make_canary(task, rng)`` with probability ``rate``
-    (unchanged where the environment makes no canaries)."""
-    make = env.make_canary
-    if make is None or rate <= 0:
-        return tasks
-    return [make(t, rng) if rng.random() < rate else t for t in tasks]
-
-
-def with_decay(trainer_cfg, steps: int):
-    """trainer.decay_steps 0 means "the run's own length": the steps after warm-up."""
-    if trainer_cfg.decay_steps:
-        return trainer_cfg
-    return trainer_cfg.model_copy(update={"decay_steps": max(1, steps - trainer_cfg.warmup_steps)})
-
-
-def plan_step(cfg: TidalConfig, env: EnvironmentSpec, step: int, first_id: int,
-              workers: int | None = None) -> list[Assignment]:
-    """Split step ``step``'s tasks into one assignment per worker (``workers``: the fleet's
-    members now; default orchestrator.num_workers), fewer if tasks are few."""
-    oc = cfg.orchestrator
-    parts = oc.num_workers if workers is None else workers
-    return split_step(training_tasks(cfg, env, step), step, first_id, parts, oc.max_staleness)
-
-
-def staleness_gate(trajs: list[Trajectory], trainer_version: int, max_staleness: int,
-                   state: RunState, keep_stale: bool = False,
-                   floor: int = 0) -> tuple[list[Trajectory], Counter]:
-    """Drop (and count) trajectories whose oldest token is more than max_staleness versions old;
-    with ``keep_stale`` keep them for the off-policy-corrected loss, counted as kept_stale.
-    ``max_staleness_seen`` is the largest staleness in what is trained. ``floor``: trajectories
-    with a token older than this version are dropped (and counted) whatever ``keep_stale`` says:
-    they were sampled by a policy the guard threw away (RunState.restored_version)."""
-    kept, hist = [], Counter()
-    for t in trajs:
-        if not t.versions:  # nothing generated (an episode skipped as prompt_too_long)
-            kept.append(t)
-            continue
-        if t.min_version < floor:
-            state.dropped_stale += 1
-            continue
-        staleness = trainer_version - t.min_version
-        if staleness > max_staleness:
-            if not keep_stale:
-                state.dropped_stale += 1
-                continue
-            state.kept_stale += 1
-        hist[staleness] += 1
-        state.max_staleness_seen = max(state.max_staleness_seen, staleness)
-        kept.append(t)
-    return kept, hist
-
-
-def complete_groups(trajs: list[Trajectory], group_size: int) -> list[Trajectory]:
-    """GRPO needs whole groups: keep only groups that still have all G samples after the gate."""
-    sizes = Counter(t.group_id for t in trajs)
-    return [t for t in trajs if sizes[t.group_id] == group_size]
-
-
-def rollout_metrics(trajs: list[Trajectory]) -> RolloutMetrics:
-    rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
-    return RolloutMetrics(
-        reward_mean=rewards.mean().item() if len(trajs) else 0.0,
-        reward_std=rewards.std().item() if len(trajs) > 1 else 0.0,
-        pass_rate=sum(t.solved for t in trajs) / len(trajs) if trajs else 0.0,
-        reasons=dict(Counter(t.reason for t in trajs)),
-        episode=EpisodeMeans.of(trajs),
-        gateway=GatewayMeans.of(trajs),
-    )
-
-
-def step_record(state: RunState, version: int, results: list[RolloutResult], trajs: list[Trajectory],
-                hist: Counter, train: TrainStats | None, train_s: float, publish_s: float,
-                num_workers: int, last_wall_s: float) -> StepRecord:
-    """The record of the step just trained (``state`` already counts it)."""
-    gen_s = sum(r.generate_s for r in results)
-    gen_tokens = sum(r.generated_tokens for r in results)
-    train_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for t in trajs for s in t.segments)
-    return StepRecord(
-        step=state.step, version=version, wall_s=state.rl_wall_s, rollout=rollout_metrics(trajs),
-        trajectories=len(trajs), dropped_stale=state.dropped_stale, kept_stale=state.kept_stale,
-        staleness_hist=dict(hist), staleness_max=max(hist) if hist else 0,
-        gen_tokens_per_s=gen_tokens / max(gen_s, 1e-9) * len(results),
-        train_tokens_per_s=train_tokens / max(train_s, 1e-9),
-        generate_s=gen_s, grade_s=sum(r.grade_s for r in results), train_s=train_s, publish_s=publish_s,
-        worker_busy_fraction=state.worker_busy_fraction(num_workers),
-        worker_failures=state.worker_failures, step_time_s=state.rl_wall_s - last_wall_s, train=train)
-
-
-def eval_engine_config(cfg: TidalConfig):
-    """The engine settings held-out evaluation samples with: the run's, at
-    orchestrator.eval_temperature where one is set (0: greedy)."""
-    t = cfg.orchestrator.eval_temperature
-    return cfg.engine if t is None else cfg.engine.model_copy(update={"temperature": t})
+if TYPE_CHECKING:  # the run config assembles this package's sections: a type, not an import
+    from tidal.config import TidalConfig
+    from tidal.env import EnvironmentSpec
 
 
 class Run:
     """One RL run: the trainer and eval engine in this process, rollout workers in a pool."""
 
     def __init__(self, cfg: TidalConfig, run_dir: Path, init_checkpoint: str | Path, progress: bool,
-                 worker_cls=RolloutWorker):
+                 worker_cls=RolloutWorker, remote_pools: RemotePoolsFactory | None = None,
+                 env: EnvironmentSpec | None = None):
+        """remote_pools: how pools placed "remote" are made (pool.RemotePools; `tidal train`
+        passes tidal.fleet's); None = a recipe with a remote pool is refused. env: the run's
+        environment where the caller built it (`tidal train` does, once, on the run's sandbox);
+        None = built here."""
         from tidal.engine.engine import Engine
         from tidal.env import from_config
         from tidal.model import from_pretrained, load_tokenizer
@@ -214,7 +101,7 @@ class Run:
         serving = copy.deepcopy(policy).to(getattr(torch, cfg.model.dtype))
         self.eval_engine = Engine(serving, load_tokenizer(init_checkpoint), eval_engine_config(cfg),
                                   version=0)
-        self.env = from_config(cfg.env, Sandbox(cfg.env.sandbox))
+        self.env = env or from_config(cfg.env, Sandbox(cfg.env.sandbox))
         self.heldout = self.env.sample_tasks(oc.heldout_tasks, oc.heldout_seed, True)
         self.canaries = eval_canaries(self.env, self.heldout, cfg.env.integrity.eval_canaries,
                                       oc.heldout_seed)
@@ -229,14 +116,14 @@ class Run:
         self.rl_start = time.time()
         """time.time() at which the RL phase began, moved back by a resumed run's RL wall time."""
         self._last_step_wall = 0.0
-        self.worker_cls = worker_cls
+        self.worker_cls, self.remote_pools = worker_cls, remote_pools
         self.fleet_extra: dict = {}
         """What remote pools' coordinator adds to summary.json's ``fleet`` (refused uploads...)."""
         self._write_lock = threading.Lock()
         self.pool: FleetPool | None = None
         """The run's workers, while it drives them."""
-        self.coordinator = None
-        """The HTTP endpoint remote pools join (tidal.fleet.coordinator), made by remote_pool."""
+        self.coordinator: RemotePools | None = None
+        """The endpoint remote pools join, made by remote_pool from ``remote_pools``."""
         self.log = MetricsLog(run_dir / "metrics.jsonl")
         self.tb = _tensorboard(run_dir)
 
@@ -344,7 +231,7 @@ class Run:
 
     def make_pool(self) -> FleetPool:
         """One pool per fleet.pools entry (the default: one local pool of num_workers), each
-        placed as its config says (tidal.fleet.config.placement_of)."""
+        placed as its config says (tidal.orchestrator.topology.placement_of)."""
         oc, ids, t0 = self.cfg.orchestrator, worker_ids(), time.time()
         root = self.store.address
         pools = []
@@ -363,20 +250,18 @@ class Run:
         return FleetPool(pools)
 
     def remote_pool(self, pool_cfg, ids, t0):
-        """A pool whose workers join over HTTP (tidal.fleet.coordinator, one for all of them)."""
-        from tidal.fleet.auth import fleet_token
-        from tidal.fleet.coordinator import Coordinator
-        from tidal.fleet.remote import RemotePool
-
+        """A pool whose workers join over the network (one coordinator for all of them)."""
+        if self.remote_pools is None:
+            raise OrchestratorError(f"fleet pool {pool_cfg.name!r} is remote, which needs the fleet "
+                                    "extension: run it with `tidal train` (or pass run_rl "
+                                    "remote_pools=tidal.fleet.pools.RemoteFleet)")
         if self.cfg.sync.transport != "http":
             raise OrchestratorError(f"fleet pool {pool_cfg.name!r} is remote: its workers get weights "
                                     "over HTTP, so sync.transport must be 'http'")
         if self.coordinator is None:
-            self.coordinator = Coordinator(self.cfg, self.run_dir, fleet_token(run_dir=self.run_dir),
-                                           self.store.address, self.init_checkpoint, self.store.latest_version)
-        pool = RemotePool(pool_cfg, ids, self.cfg.fleet.lease_s)
-        self.coordinator.add_pool(pool)
-        return pool
+            self.coordinator = self.remote_pools(self.cfg, self.run_dir, self.store.address,
+                                                 self.init_checkpoint, self.store.latest_version)
+        return self.coordinator.pool(pool_cfg, ids, t0)
 
     def run(self) -> RunSummary:
         # The pools first: Ray workers start loading at once (a process, imports, the model, the
@@ -577,67 +462,9 @@ class Run:
                 self.tb.write(line)
 
     def summary(self, after: EvalRecord, final_checkpoint) -> RunSummary:
-        oc, s, before = self.cfg.orchestrator, self.state, self.before
-        return RunSummary(
-            heldout_pass1_before=before.heldout_pass1, heldout_pass1_after=after.heldout_pass1,
-            heldout_gain=after.heldout_pass1 - before.heldout_pass1,
-            heldout_pass1_by_level_before=before.pass1_by_level,
-            heldout_pass1_by_level_after=after.pass1_by_level,
-            heldout_tasks=len(self.heldout), heldout_samples_per_task=oc.eval_samples_per_task,
-            steps=s.step, trajectories=s.trajectories, dropped_stale=s.dropped_stale,
-            kept_stale=s.kept_stale, max_staleness=oc.max_staleness,
-            max_staleness_seen=s.max_staleness_seen,
-            worker_busy_fraction=s.worker_busy_fraction(oc.num_workers),
-            worker_failures=s.worker_failures, num_workers=oc.num_workers, backend=oc.backend,
-            rl_wall_s=s.rl_wall_s, final_checkpoint=str(final_checkpoint),
-            init_checkpoint=self.init_checkpoint, dtypes=self.cfg.dtype_choices(),
-            cpu=cpu_facts().record(), numerics=numerics_record(self.cfg),
-            integrity=integrity_summary(self.cfg, s), fleet=self.fleet_summary(),
-            heldout_pass1_best=s.best.heldout_pass1, best_step=s.best.step,
-            best_checkpoint=s.best.path, guard=self.guard_summary())
-
-    def guard_summary(self) -> dict | None:
-        """summary.json's ``guard`` (RunSummary.guard); None when the guard is off."""
-        if not self.guard.on:
-            return None
-        return {"policy": self.guard.cfg.policy, "restores": self.state.restores,
-                "events": [{k: v for k, v in e.to_json().items() if k != "kind"}
-                           for e in self.state.guard_events],
-                "stopped": None if self.stopped is None else self.stopped.message}
-
-    def fleet_summary(self) -> dict:
-        """summary.json's ``fleet`` (RunSummary.fleet)."""
-        s, oc = self.state, self.cfg.orchestrator
-        pools = [{"name": p.name, "region": p.region, "device": p.device,
-                  "placement": placement_of(p, oc.backend)}
-                 for p in self.cfg.fleet.pools_or_default(oc.num_workers)]
-        return {"pools": pools, "member_s": s.member_s, "joined": s.joined, "left": s.left,
-                "requeued": s.requeued, "duplicates": s.duplicates, **self.fleet_extra}
-
-
-def integrity_summary(cfg: TidalConfig, state: RunState) -> dict | None:
-    """summary.json's ``integrity`` (see RunSummary.integrity); None when nothing kept evidence."""
-    evals = [e for e in state.evals if e.integrity is not None]
-    if not state.integrity.episodes and not evals:
-        return None
-    return {"policy": cfg.env.integrity.policy, "min_confidence": cfg.env.integrity.min_confidence,
-            "train": state.integrity.to_json(),
-            "evals": [{"label": e.label, "step": e.step, "flag_rate": e.integrity.flag_rate,
-                       "cheat_rate": e.integrity.cheat_rate,
-                       "canary_cheat_rate": e.integrity.canary_cheat_rate} for e in evals]}
-
-def numerics_record(cfg) -> dict:
-    """engine.numerics and, in deterministic mode, the path of each op the start-up probe chose on
-    this machine (tidal.numerics.probe), as the engine and the trainer run them."""
-    if cfg.engine.numerics != "deterministic":
-        return {"mode": cfg.engine.numerics}
-    from tidal.numerics.probe import ProbeShapes, choose_paths, shape_name
-
-    paths = choose_paths(getattr(torch, cfg.model.dtype), ProbeShapes.of_model(cfg.model))
-    return {"mode": "deterministic", "dtype": cfg.model.dtype, "linear": paths.linear,
-            "linear_by_shape": {shape_name(m): p for m, p in paths.linear_by_shape.items()},
-            "attention": paths.attention, "silu": paths.silu, "rms_norm": paths.rms_norm,
-            "moe_stacked": paths.moe_stacked}
+        return run_summary(self.cfg, self.state, self.before, after, final_checkpoint, self.init_checkpoint,
+                           len(self.heldout), guard_summary(self.guard, self.state, self.stopped),
+                           fleet_summary(self.cfg, self.state, self.fleet_extra))
 
 
 def _tensorboard(run_dir: Path):
@@ -646,34 +473,16 @@ def _tensorboard(run_dir: Path):
     return TensorBoardLog(run_dir)
 
 
-def trim_metrics(path: Path, state: RunState) -> None:
-    """Forget what a killed run logged after its last checkpoint: those steps will run again.
-    Reads the JSON form (StepRecord, EvalRecord, GuardEvent, WorkerSpan, WorkerFailure) from disk."""
-    keep = []
-    for r in read_metrics(path):
-        if r.get("kind") in ("step", "eval", "guard") and r.get("step", 0) > state.step:
-            continue
-        if r.get("kind") == "eval" and r.get("label") == "after":
-            continue
-        if r.get("kind") in ("worker", "worker_failure", "membership") and r.get("end_s", r.get("wall_s", 0)) > state.rl_wall_s:
-            continue
-        keep.append(json.dumps(r, sort_keys=True))
-    write_text_atomic(path, "".join(line + "\n" for line in keep))
-
-
 def run_rl(cfg: TidalConfig, run_dir: str | Path, init_checkpoint: str | Path, progress: bool = True,
-           resume: bool = False, worker_cls=RolloutWorker) -> RunSummary:
-    """GRPO from ``init_checkpoint`` (or the run dir's last checkpoint when ``resume``)."""
+           resume: bool = False, worker_cls=RolloutWorker,
+           remote_pools: RemotePoolsFactory | None = None,
+           env: EnvironmentSpec | None = None) -> RunSummary:
+    """GRPO from ``init_checkpoint`` (or the run dir's last checkpoint when ``resume``); see Run
+    for ``remote_pools`` and ``env``."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    run = Run(cfg, run_dir, init_checkpoint, progress, worker_cls)
+    run = Run(cfg, run_dir, init_checkpoint, progress, worker_cls, remote_pools, env)
     if resume and not run.restore():
         raise OrchestratorError(f"nothing to resume in {run_dir}: it has no complete checkpoint yet; "
                                 "start a new run instead")
     return run.run()
-
-
-def write_summary(run_dir: str | Path, summary: RunSummary) -> Path:
-    path = Path(run_dir) / "summary.json"
-    write_json_atomic(path, summary.to_json())
-    return path

@@ -1,11 +1,11 @@
-"""Where rollout workers run: threads in this process (tests, debugging), Ray actors, or — through
-tidal.fleet — remote pools that join over HTTP.
+"""Where rollout workers run: threads in this process (tests, debugging), Ray actors, or remote
+pools that join over the network (an extension plugs them in through ``RemotePools``: tidal.fleet).
 
 Every pool has the same small interface, and every handle is a ``concurrent.futures.Future``
 (Ray's ``ObjectRef.future()``), so one ``FleetPool`` waits on all of them at once:
 
     members(now) -> (joined, left)   workers that joined / left since the last call (a pool
-                                     follows its capacity schedule, tidal.fleet.config.capacity_at)
+                                     follows its capacity schedule, tidal.orchestrator.topology.capacity_at)
     submit(worker, assignment) -> Future
     replace(worker)                  a fresh worker after a failure
     late_results() -> [RolloutResult]  results of workers that had already left (remote pools)
@@ -25,13 +25,35 @@ import concurrent.futures as cf
 import itertools
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
 
 from tidal.errors import UserError
-from tidal.fleet.config import PoolConfig, capacity_at
+from tidal.orchestrator.topology import PoolConfig, capacity_at
 
 
 class OrchestratorError(UserError, RuntimeError):
     """The orchestrator cannot run (e.g. Ray failed to start); the message says why and what to do."""
+
+
+class RemotePools(Protocol):
+    """Pools placed "remote", whose workers join over the network, behind one endpoint: how an
+    extension (tidal.fleet.pools.RemoteFleet) plugs remote workers into a run."""
+
+    def pool(self, cfg: PoolConfig, ids: Iterator[int], t0: float) -> Any:
+        """A pool with the interface above for one ``[[fleet.pools]]`` entry."""
+
+    def start(self) -> None:
+        """Open the endpoint (after the first weights are published)."""
+
+    def stop(self) -> None: ...
+
+    def summary(self) -> dict:
+        """What it adds to summary.json's ``fleet`` (refused uploads, ...)."""
+
+
+RemotePoolsFactory = Callable[[Any, Path, str, str, Callable[[], int]], RemotePools]
+"""``(run config, run dir, weights address, initial checkpoint, latest published version)``."""
 
 
 class ElasticPool:

@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Iterator
 
-from tidal.fleet.config import PoolConfig
+from tidal.orchestrator.topology import PoolConfig
 from tidal.orchestrator.pool import ElasticPool, OrchestratorError
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from tidal.integrity.policy import IntegrityMetrics
+from tidal.evidence.policy import IntegrityMetrics
 from tidal.trainer.stats import TrainStats
 from tidal.types import Trajectory
 
@@ -74,7 +74,7 @@ class RolloutMetrics:
     episode: EpisodeMeans | None
     """Harness statistics per episode; None (no episode/ keys) when nothing was trained."""
     gateway: Any = None
-    """tidal.gateway.metrics.GatewayMeans of episodes run by an outside harness (gateway/ keys),
+    """tidal.harness.gateway_metrics.GatewayMeans of episodes run by an outside harness (gateway/ keys),
     else None."""
 
     def to_json(self) -> dict[str, Any]:

@@ -62,8 +62,8 @@ class RolloutWorker:
         from tidal.engine.engine import Engine
         from tidal.env import from_config
         from tidal.model import from_pretrained, load_tokenizer
-        from tidal.orchestrator.weights import open_weight_source
         from tidal.sandbox import Sandbox
+        from tidal.sync.transport import open_weight_source
 
         if cpus:
             from tidal.hardware import pin_process

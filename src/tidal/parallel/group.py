@@ -105,3 +105,17 @@ def torchrun_group(sharding) -> Group:
         raise WorldSizeError(f"torchrun started {env['world_size']} processes but "
                              f"trainer.sharding.processes = {sharding.processes}; make them equal")
     return init_group(**env, backend=sharding.backend, timeout_s=sharding.timeout_s)
+
+
+def global_sum(value: float | torch.Tensor) -> torch.Tensor:
+    """Collective: the sum over ranks (float64 scalar)."""
+    t = torch.as_tensor(value, dtype=torch.float64).detach().clone().reshape(1)
+    dist.all_reduce(t)
+    return t[0]
+
+
+def global_max(value: float) -> float:
+    """Collective: the maximum over ranks (so every rank takes the same decision)."""
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t[0])

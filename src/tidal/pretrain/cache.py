@@ -29,16 +29,18 @@ NOT_HASHED = {"pretrain": {"cache_dir", "log_every"}}
 """Fields that do not change the pretrained weights, so changing them must not re-pretrain."""
 
 
-def cache_key(cfg) -> str:
-    """12 hex digits identifying the pretrained weights ``cfg`` would produce."""
-    return hashlib.sha256(json.dumps(_hashed(cfg), sort_keys=True).encode()).hexdigest()[:12]
+def cache_key(cfg, env=None) -> str:
+    """12 hex digits identifying the pretrained weights ``cfg`` would produce (``env``: the run's
+    EnvironmentSpec, already built; None = built here to read its corpus_version)."""
+    return hashlib.sha256(json.dumps(_hashed(cfg, env), sort_keys=True).encode()).hexdigest()[:12]
 
 
-def cached_pretrained(cfg, progress: bool = True, child_env: dict | None = None) -> Path:
+def cached_pretrained(cfg, progress: bool = True, child_env: dict | None = None, env=None) -> Path:
     """The pretrained model folder for ``cfg``: reused if cached, else pretrained now and cached.
     ``child_env``: pretrain in a spawned child process whose environment has these changes (a
-    value None removes the variable; see loop.pretrain_in_child); None = in this process."""
-    root = Path(cfg.pretrain.cache_dir) / cache_key(cfg)
+    value None removes the variable; see loop.pretrain_in_child); None = in this process.
+    ``env``: the run's EnvironmentSpec where the caller built it (see cache_key)."""
+    root = Path(cfg.pretrain.cache_dir) / cache_key(cfg, env)
     model_dir = root / MODEL_DIR
     if (model_dir / COMPLETE_MARKER).is_file():
         log.info("reusing pretrained model %s", model_dir)
@@ -50,33 +52,34 @@ def cached_pretrained(cfg, progress: bool = True, child_env: dict | None = None)
             pretrain(cfg, staging, progress=progress)
         else:
             pretrain_in_child(cfg, staging, child_env, progress=progress)
-        (staging / "tidal_config.json").write_text(json.dumps(_hashed(cfg), indent=2, sort_keys=True) + "\n")
+        (staging / "tidal_config.json").write_text(json.dumps(_hashed(cfg, env), indent=2, sort_keys=True) + "\n")
         _publish(staging, root)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return model_dir
 
 
-def _hashed(cfg) -> dict:
+def _hashed(cfg, env=None) -> dict:
     files = bool(cfg.pretrain.corpus)
     unused = {"corpus_docs"} if files else set()
     return {
         "model": cfg.model.model_dump(mode="json"),
         "pretrain": cfg.pretrain.model_dump(mode="json", exclude=NOT_HASHED["pretrain"] | unused),
         "corpus": ({"files": [_file_identity(p) for p in cfg.pretrain.corpus]} if files
-                   else {"environment": environment_identity(cfg.env)}),
+                   else {"environment": environment_identity(cfg.env, env)}),
         "seed": cfg.run.seed,
         "tidal_version": tidal.__version__,
     }
 
 
-def environment_identity(env_cfg) -> dict:
+def environment_identity(env_cfg, spec=None) -> dict:
     """What an environment's corpus depends on: its name, validated args and corpus_version
-    (bumped by the environment whenever its corpus text changes)."""
+    (bumped by the environment whenever its corpus text changes); ``spec``: the environment
+    of ``env_cfg`` where already built."""
     from tidal.env import from_config, resolved_args
 
-    return {"name": env_cfg.name, "args": resolved_args(env_cfg),
-            "corpus_version": from_config(env_cfg).corpus_version}
+    version = (spec or from_config(env_cfg)).corpus_version
+    return {"name": env_cfg.name, "args": resolved_args(env_cfg), "corpus_version": version}
 
 
 def _file_identity(path: str) -> list:

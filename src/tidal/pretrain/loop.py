@@ -64,7 +64,7 @@ def pretrain(cfg, out_dir: str | Path, docs: list[str] | None = None, progress: 
         if rows is not None:
             raise ValueError("sharded mid-training packs documents; demonstration rows need "
                              "trainer.sharding.processes = 1")
-        return pretrain_sharded(cfg, Path(out_dir), docs, progress)
+        return pretrain_sharded(cfg, Path(out_dir), docs, progress, _pretrain)
     with torch_threads(cfg.run.pretrain_threads):
         return _pretrain(cfg, Path(out_dir), docs, progress, rows, thread_invariant=strict)
 
@@ -109,10 +109,7 @@ def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool, rows,
     lead = group is None or group.rank == 0
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(cfg.model.init_from)
-    if rows is None:
-        packed = pack(docs if docs is not None else corpus_documents(cfg), tokenizer, pc.seq_len)
-        rows = (packed, torch.ones(packed.shape))
-    ids, mask = rows
+    ids, mask = rows if rows is not None else _packed_rows(cfg, docs, tokenizer)
     model = initial_model(cfg)
     if group is not None:
         from tidal.parallel.shard import shard_model
@@ -143,7 +140,7 @@ def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool, rows,
         step += 1
         elapsed = time.perf_counter() - start
         if group is not None:
-            from tidal.pretrain.sharded import global_max, global_sum
+            from tidal.parallel.group import global_max, global_sum
 
             step_tokens, elapsed = int(global_sum(step_tokens)), global_max(elapsed)
         tokens += step_tokens
@@ -156,18 +153,31 @@ def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool, rows,
             metrics.write(step=step, loss=loss, lr=lr, tokens_per_s=tok_s, elapsed_s=elapsed,
                           threads=torch.get_num_threads(), budget_bound=budget_bound)
     bar.close()
+    if budget_bound and lead:
+        _warn_budget_bound(pc, step)
+    return _save(cfg, model, out_dir / MODEL_DIR, tokenizer, group)
+
+
+def _packed_rows(cfg, docs: list[str] | None, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """The corpus (``docs``, or the configured one) packed into rows, every position trained."""
+    packed = pack(docs if docs is not None else corpus_documents(cfg), tokenizer, cfg.pretrain.seq_len)
+    return packed, torch.ones(packed.shape)
+
+
+def _save(cfg, model: torch.nn.Module, model_dir: Path, tokenizer, group) -> Path:
+    """Write the trained model in model.dtype (rank 0 of a sharded run, after gathering it);
+    every rank returns once the folder is there."""
+    lead = group is None or group.rank == 0
     if group is not None:
         model = _gathered(cfg, model, lead)
     if lead:
-        if budget_bound:
-            _warn_budget_bound(pc, step)
         model.to(getattr(torch, cfg.model.dtype))
-        save_pretrained(model, out_dir / MODEL_DIR, tokenizer=tokenizer)
+        save_pretrained(model, model_dir, tokenizer=tokenizer)
     if group is not None:
         import torch.distributed as dist
 
         dist.barrier()  # the folder is there before any rank returns its path
-    return out_dir / MODEL_DIR
+    return model_dir
 
 
 def _gathered(cfg, sharded: torch.nn.Module, lead: bool) -> torch.nn.Module | None:
@@ -350,7 +360,7 @@ def train_step(model, optimizer, batch: torch.Tensor, lr: float, grad_clip: floa
     weight = torch.ones_like(per_token) if loss_mask is None else loss_mask[:, 1:].reshape(-1)
     count = weight.sum()
     if group is not None:
-        from tidal.pretrain.sharded import global_sum
+        from tidal.parallel.group import global_sum
 
         count = global_sum(count).to(weight.dtype)
     loss = (per_token * weight).sum() / count.clamp(min=1.0)

@@ -20,7 +20,6 @@ import os
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from tidal.parallel.group import (
     Group,
@@ -44,22 +43,23 @@ def check_batch(cfg) -> None:
             f"= {n}; make pretrain.batch_size a multiple of {n}, or change the processes")
 
 
-def pretrain_sharded(cfg, out_dir: Path, docs: list[str] | None, progress: bool) -> Path:
-    """Run the sharded mid-training; returns the saved model folder (written by rank 0)."""
+def pretrain_sharded(cfg, out_dir: Path, docs: list[str] | None, progress: bool, train) -> Path:
+    """Run the sharded mid-training; returns the saved model folder (written by rank 0).
+    ``train``: each rank's training loop (loop._pretrain, handed in: loop.py dispatches here)."""
     sharding = cfg.trainer.sharding
     check_batch(cfg)
     if sharding.launcher == "torchrun":
         group = torchrun_group(sharding)
-        return _run_rank(cfg, out_dir, docs, progress and group.rank == 0, group)
+        return _run_rank(cfg, out_dir, docs, progress and group.rank == 0, group, train)
     port, n = free_port(), sharding.processes
     ctx = multiprocessing.get_context("spawn")
-    ranks = [ctx.Process(target=_spawned_rank, args=(cfg, out_dir, docs, r, n, port), daemon=True)
+    ranks = [ctx.Process(target=_spawned_rank, args=(cfg, out_dir, docs, r, n, port, train), daemon=True)
              for r in range(1, n)]
     for p in ranks:
         p.start()
     try:
         group = init_group(0, n, "127.0.0.1", port, backend=sharding.backend, timeout_s=sharding.timeout_s)
-        return _run_rank(cfg, out_dir, docs, progress, group)
+        return _run_rank(cfg, out_dir, docs, progress, group, train)
     finally:
         for p in ranks:
             p.join(JOIN_TIMEOUT_S)
@@ -73,34 +73,18 @@ def rank_threads(cfg) -> int:
     return cfg.run.pretrain_threads or max(1, (os.cpu_count() or 1) // n)
 
 
-def _spawned_rank(cfg, out_dir: Path, docs, rank: int, world: int, port: int) -> None:
+def _spawned_rank(cfg, out_dir: Path, docs, rank: int, world: int, port: int, train) -> None:
     from tidal.numerics import mkl_cnr
 
     mkl_cnr.enable_strict()
     sharding = cfg.trainer.sharding
     group = init_group(rank, world, "127.0.0.1", port, backend=sharding.backend, timeout_s=sharding.timeout_s)
-    _run_rank(cfg, out_dir, docs, False, group)
+    _run_rank(cfg, out_dir, docs, False, group, train)
 
 
-def _run_rank(cfg, out_dir: Path, docs, progress: bool, group: Group) -> Path:
-    from tidal.pretrain.loop import _pretrain
-
+def _run_rank(cfg, out_dir: Path, docs, progress: bool, group: Group, train) -> Path:
     torch.set_num_threads(rank_threads(cfg))
     try:
-        return _pretrain(cfg, out_dir, docs, progress, None, thread_invariant=True, group=group)
+        return train(cfg, out_dir, docs, progress, None, thread_invariant=True, group=group)
     finally:
         close_group()
-
-
-def global_sum(value: float | torch.Tensor) -> torch.Tensor:
-    """Collective: the sum over ranks (float64 scalar)."""
-    t = torch.as_tensor(value, dtype=torch.float64).detach().clone().reshape(1)
-    dist.all_reduce(t)
-    return t[0]
-
-
-def global_max(value: float) -> float:
-    """Collective: the maximum over ranks (so every rank takes the same decision)."""
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t[0])

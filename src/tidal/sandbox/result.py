@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from tidal.integrity.records import TraceEvent
+from tidal.evidence.records import TraceEvent
 
 from tidal.sandbox.config import SandboxConfig
 from tidal.sandbox.reasons import killed_reason

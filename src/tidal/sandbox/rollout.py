@@ -29,7 +29,7 @@ import dataclasses
 import threading
 from concurrent.futures import Future
 
-from tidal.integrity.records import TraceEvent
+from tidal.evidence.records import TraceEvent
 
 from tidal.sandbox.bwrap import Overlay
 from tidal.sandbox.files import read_tree

@@ -5,7 +5,7 @@ opened outside the workspace (or wrote), what they deleted or renamed, and every
 attempt, without trusting anything the program itself reports.
 
 How: before the job's code runs, warm.BOOT installs `sys.addaudithook(HOOK)`, which writes one
-JSON line per event (the schema of tidal.integrity.records.TraceEvent) to a pipe tidal passed
+JSON line per event (the schema of tidal.evidence.records.TraceEvent) to a pipe tidal passed
 into the sandbox (an fd through bwrap, prlimit and setpriv). The supervisor reads that pipe
 beside stdout and stderr (supervise.py) with its own cap (`max_trace_bytes`; beyond it lines
 are read and dropped, so the program never blocks on a full pipe), and `parse_trace` turns it
@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 
-from tidal.integrity.records import TRACE_KINDS, TraceEvent
+from tidal.evidence.records import TRACE_KINDS, TraceEvent
 
 STRING_FIELDS = ("path", "mode", "target", "address")
 MAX_ARGV = 100

@@ -5,7 +5,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from tidal.section import AUTO_DTYPE, Section
-from tidal.sync.dtypes import DtypeRule, check_dtype_name
+from tidal.sync.tensors import DtypeRule, check_dtype_name
 
 
 class SyncConfig(Section):

@@ -1,12 +1,8 @@
-"""The typed message that describes one published version: ``WeightManifest``.
-
-Invariants (checked by ``WeightManifest.check``):
-- chunks of one tensor are in element order, cover it exactly, and lie back to back in the
-  version's data file (``offset`` of each = end of the previous);
-- an anchor has no base; a delta's base is an earlier version;
-- ``digest`` of a tensor is the manifest's ``hash`` (BLAKE3, or SHA-256 in manifests written
-  before the field existed) of its final bytes (little-endian, C order) at this version, so a
-  puller verifies the result, not the transfer.
+"""What describes the published versions, and the plan made from it: the typed message of one
+version's form (``WeightManifest``: its tensors, chunks and side files, and the hash every tensor
+is checked by), and the cheapest chain of forms from the version held to the one wanted
+(``cheapest_path``), which the puller, the origin's /pull and a restarting publisher all use.
+Pure data and arithmetic: pydantic, no torch, no network.
 """
 
 from __future__ import annotations
@@ -15,6 +11,20 @@ import math
 from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+
+from tidal.sync.errors import SyncError
+
+
+# ── WeightManifest ────────────────────────────────────────────────────────────────────────────────
+# The typed message that describes one published version: ``WeightManifest``.
+#
+# Invariants (checked by ``WeightManifest.check``):
+# - chunks of one tensor are in element order, cover it exactly, and lie back to back in the
+#   version's data file (``offset`` of each = end of the previous);
+# - an anchor has no base; a delta's base is an earlier version;
+# - ``digest`` of a tensor is the manifest's ``hash`` (BLAKE3, or SHA-256 in manifests written
+#   before the field existed) of its final bytes (little-endian, C order) at this version, so a
+#   puller verifies the result, not the transfer.
 
 FORMAT = 1
 HASHES = ("blake3", "sha256")
@@ -107,3 +117,45 @@ class WeightManifest(Message):
     @classmethod
     def from_json(cls, data: bytes | str) -> "WeightManifest":
         return cls.model_validate_json(data)
+
+
+# ── Planning a pull ───────────────────────────────────────────────────────────────────────────────
+# Which forms to fetch to reach a version: the cheapest chain in bytes.
+#
+# Each version may exist as a delta (from its base) and/or an anchor (from nothing). The cost of
+# reaching v is min(anchor bytes of v, cost of v's base + delta bytes of v), with the version the
+# puller holds costing 0; versions only point back, so one pass in version order finds it.
+
+Step = tuple[int, str]
+"""(version, "delta" | "anchor")"""
+
+
+def cheapest_path(forms: list[dict], target: int, held: int | None,
+                  avoid: frozenset[Step] = frozenset()) -> tuple[list[Step], int]:
+    """(forms to apply in order, bytes to fetch) to go from ``held`` to ``target``; ``avoid``
+    lists forms known to be bad (a lying or broken one), so a fallback route is found."""
+    if held == target:
+        return [], 0
+    best: dict[int, tuple[int, list[Step]]] = {}
+    if held is not None:
+        best[held] = (0, [])
+    for f in sorted(forms, key=lambda f: (f["version"], f["kind"] != "anchor")):
+        v, kind = f["version"], f["kind"]
+        if (v, kind) in avoid or v > target or (held is not None and v <= held):
+            continue
+        if kind == "anchor":
+            option = (f["data_bytes"], [(v, kind)])
+        elif f["base_version"] in best:
+            cost, path = best[f["base_version"]]
+            option = (cost + f["data_bytes"], path + [(v, kind)])
+        else:
+            continue
+        if v not in best or option[0] < best[v][0]:
+            best[v] = option
+    if target not in best:
+        have = sorted({f["version"] for f in forms})
+        raise SyncError(f"version {target} cannot be built from what the upstream offers "
+                        f"(versions {have[:3]}...{have[-3:]}, holding {held}): publish an anchor "
+                        "(`tidal sync publish --anchor`) or ask for a version the upstream has")
+    cost, path = best[target]
+    return path, cost

@@ -14,7 +14,7 @@ from tidal.sync.client import NETWORK_ERRORS, chunk_key, fetch_chunks, get_bytes
 from tidal.sync.config import SyncConfig
 from tidal.sync.errors import SyncError
 from tidal.sync.manifest import WeightManifest
-from tidal.sync.store import VersionStore
+from tidal.sync.origin import VersionStore
 
 
 class Relay:

@@ -97,7 +97,7 @@ class TrainerConfig(Section):
     and short rows stop padding to the longest (docs/training.md)."""
     share_prompts: bool = True
     """With deterministic numerics, compute each distinct prompt of a batch once and train every
-    row on its completion over the prompt's keys and values (trainer/prefix.py; the logprobs are
+    row on its completion over the prompt's keys and values (trainer/shared_prefix.py; the logprobs are
     the same bits). GRPO's group_size rows per prompt made the prompt most of the trainer's work."""
     normalize_adv_std: bool = True
     """GRPO: divide group-centred rewards by the group's standard deviation."""

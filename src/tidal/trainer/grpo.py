@@ -75,7 +75,7 @@ class TrainBatch:
     lengths [B] long: real (unpadded) positions per row.
     versions [B,T] long: policy version that sampled targets[t] (-1 where loss_mask is 0).
     prompt_lengths [B] long: the segment's prompt tokens (its first completion token is predicted
-        at position prompt_lengths - 1); rows with equal prompts share them (trainer/prefix.py).
+        at position prompt_lengths - 1); rows with equal prompts share them (trainer/shared_prefix.py).
     """
 
     input_ids: torch.Tensor
@@ -324,26 +324,35 @@ def ppo_clip_loss(
         pg = torch.where(a < 0, torch.minimum(pg, -dual_clip * a), pg)
     if token_weight is not None:
         pg = pg * token_weight
-    if ref_lp is not None:
-        log_ref_ratio = (ref_lp - new_lp) * mask
-        k3 = torch.exp(log_ref_ratio) - 1.0 - log_ref_ratio
-    else:
-        log_behaviour_ratio = log_ratio if prox_lp is None else (new_lp - old_lp) * mask
-        k3 = torch.exp(log_behaviour_ratio) - 1.0 - log_behaviour_ratio
+    k3 = kl_estimate(new_lp, old_lp, mask, log_ratio if prox_lp is None else None, ref_lp)
     w = loss_weights(mask, agg, num_units)
     pg_loss = (pg * w).sum()
-    kl_loss = (k3 * w).sum()
-    loss = pg_loss + kl_coef * kl_loss
-    with torch.no_grad():
-        n = mask.sum()
-        denom = n.clamp(min=1.0)
-        was_clipped = ((ratio < 1.0 - clip_low) & (a < 0)) | ((ratio > 1.0 + clip_high) & (a > 0))
-        stats = LossStats(
-            pg_loss=pg_loss.item(),
-            kl=((k3 * mask).sum() / denom).item(),
-            clip_frac=((was_clipped.float() * mask).sum() / denom).item(),
-            ratio_mean=((ratio * mask).sum() / denom).item(),
-            ratio_max=ratio.masked_fill(mask == 0, float("-inf")).max().item() if n > 0 else 1.0,
-            tokens=n.item(),
-        )
-    return loss, stats
+    loss = pg_loss + kl_coef * (k3 * w).sum()
+    return loss, _loss_stats(pg_loss, k3, ratio, a, mask, clip_low, clip_high)
+
+
+def kl_estimate(new_lp, old_lp, mask, log_ratio=None, ref_lp=None) -> torch.Tensor:
+    """Per-token k3 [B,T]: to the reference policy where ``ref_lp`` is given (exp(ref - new) - 1
+    - (ref - new), KL(current || reference)), else to the behaviour policy (ratio - 1 -
+    log ratio); ``log_ratio``: new - old already masked, where the caller has it."""
+    if ref_lp is not None:
+        log_ref_ratio = (ref_lp - new_lp) * mask
+        return torch.exp(log_ref_ratio) - 1.0 - log_ref_ratio
+    log_behaviour_ratio = log_ratio if log_ratio is not None else (new_lp - old_lp) * mask
+    return torch.exp(log_behaviour_ratio) - 1.0 - log_behaviour_ratio
+
+
+@torch.no_grad()
+def _loss_stats(pg_loss, k3, ratio, a, mask, clip_low: float, clip_high: float) -> LossStats:
+    """The step's token means over the masked tokens (see ppo_clip_loss)."""
+    n = mask.sum()
+    denom = n.clamp(min=1.0)
+    was_clipped = ((ratio < 1.0 - clip_low) & (a < 0)) | ((ratio > 1.0 + clip_high) & (a > 0))
+    return LossStats(
+        pg_loss=pg_loss.item(),
+        kl=((k3 * mask).sum() / denom).item(),
+        clip_frac=((was_clipped.float() * mask).sum() / denom).item(),
+        ratio_mean=((ratio * mask).sum() / denom).item(),
+        ratio_max=ratio.masked_fill(mask == 0, float("-inf")).max().item() if n > 0 else 1.0,
+        tokens=n.item(),
+    )

@@ -31,7 +31,7 @@ from torch import nn
 
 from tidal.engine.config import EngineConfig
 from tidal.errors import UserError
-from tidal.model.prefix import SharedPrefix
+from tidal.model.shared_prefix import SharedPrefix
 from tidal.numerics.metrics import mismatch_metrics, routing_flip_metrics
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.grpo import (
@@ -43,7 +43,7 @@ from tidal.trainer.grpo import (
     token_logprobs,
 )
 from tidal.trainer.offpolicy import behaviour_weights
-from tidal.trainer.prefix import micro_batches as prefix_micro_batches
+from tidal.trainer.shared_prefix import micro_batches as prefix_micro_batches
 from tidal.trainer.schedule import lr_at
 from tidal.trainer.stats import (
     GradientStats,
@@ -158,7 +158,7 @@ class Trainer:
 
     def _micro_batches(self, tb: TrainBatch) -> list[tuple[TrainBatch, SharedPrefix | None]]:
         """(micro-batch, shared prefixes or None): rows grouped by prompt so each distinct
-        prompt is computed once (trainer/prefix.py; deterministic numerics, share_prompts), or
+        prompt is computed once (trainer/shared_prefix.py; deterministic numerics, share_prompts), or
         consecutive slices of micro_batch_size rows."""
         size = self.cfg.micro_batch_size
         if self.deterministic and self.cfg.share_prompts:

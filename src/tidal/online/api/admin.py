@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 
 from tidal.errors import UserError
 from tidal.online.api.auth import KeyRing, admin_only, key_id
-from tidal.online.api.app import parse, read_body
+from tidal.online.api.bodies import parse, read_body
 from tidal.online.api.errors import ApiError
 from tidal.online.api.schemas import Body, NonEmpty
 

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP API (FastAPI): completions, chat, models, feedback, status.
 
     POST /v1/completions, /v1/chat/completions   (stream: server-sent events, then [DONE]; chat
-                                                 takes OpenAI's tools: api/tools.py)
+                                                 takes OpenAI's tools: chat/tool_calls.py)
     GET  /v1/models, /v1/models/{id}             the served model; its live version and sha
     POST /v1/feedback                            {"response_id", "index", "signal", "value"}
     GET  /v1/tidal/status                        routes, per-version counts and latency, refusals,
@@ -31,16 +31,16 @@ import uuid
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
-from tidal.online.api import render, tools
+from tidal.chat import tool_calls as tools
+from tidal.online.api import render
+from tidal.online.api.bodies import parse, read_body
 from tidal.online.api.auth import KeyRing, OwnedRecorder, RequireKey, admin_only, principal_of
-from tidal.online.api.chat import END_OF_TURN, ChatTemplate, ChatTemplateError
+from tidal.chat.template import END_OF_TURN, ChatTemplate, ChatTemplateError
 from tidal.online.api.errors import (
     ApiError,
     error_response,
-    from_validation,
     retry_header,
 )
 from tidal.online.api.schemas import (
@@ -116,36 +116,6 @@ def _handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _bug(_request, exc: Exception):  # never for client input: that is ApiError
         return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with a 413 past ``limit`` bytes (by Content-Length before reading, and
-    by counting while reading, which stops at the first chunk past the limit)."""
-    length = request.headers.get("content-length")
-    if length is not None:
-        if not length.isdigit():
-            raise ApiError(400, f"Content-Length {length!r} is not a number", code="invalid_header")
-        if int(length) > limit:
-            raise _too_large(limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _too_large(limit: int) -> ApiError:
-    return ApiError(413, f"the body is larger than this endpoint's limit of {limit} bytes",
-                    code="body_too_large")
-
-
-def parse(model: type[BaseModel], body: bytes):
-    try:
-        return model.model_validate_json(body)
-    except ValidationError as e:
-        raise from_validation(e) from None
 
 
 def chat_request(req: ChatRequest) -> tuple[tools.ToolUse | None, list[dict]]:
@@ -314,7 +284,7 @@ class _Api:
 
 class _Call:
     """One generation request being answered: the full body, or its stream of chunks. With
-    ``use`` (a chat request's tools), each choice's text is read for tool calls (api/tools.py):
+    ``use`` (a chat request's tools), each choice's text is read for tool calls (chat/tool_calls.py):
     a reply with calls finishes "tool_calls" (also in its record, whose text and token ids stay
     what the policy sampled)."""
 

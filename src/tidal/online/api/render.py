@@ -13,17 +13,12 @@ from __future__ import annotations
 import json
 import time
 
+from tidal.chat.template import cut_at_stop
 from tidal.engine.request import GenerationResult
 from tidal.online.behaviour import classify
 from tidal.online.records import ServedResponse
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
-
-
-def cut_at_stop(text: str, stop: list[str]) -> tuple[str, bool]:
-    """``text`` up to the earliest stop string, and whether one was found."""
-    hits = [i for i in (text.find(s) for s in stop) if i >= 0]
-    return (text[: min(hits)], True) if hits else (text, False)
 
 
 def final_text(result: GenerationResult, stop: list[str]) -> tuple[str, str]:

@@ -2,7 +2,7 @@
 unknown field is an error, not ignored), in OpenAI's shapes.
 
 Responses are OpenAI's shapes (built in api/render.py) plus two fields naming the exact policy:
-``tidal_version`` (int) and ``tidal_manifest_sha256`` (hex, tidal.online.weights.weights_digest),
+``tidal_version`` (int) and ``tidal_manifest_sha256`` (hex, tidal.online.version_sync.weights_digest),
 also sent as the headers X-Tidal-Version and X-Tidal-Manifest-Sha256.
 
 Limits that depend on the config (max_tokens, n, body size) are checked in api/app.py.
@@ -14,8 +14,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tidal.online.api.chat import ROLES
-from tidal.online.api.tools import TOOL_NAME, check_parameters
+from tidal.chat.template import ROLES
+from tidal.chat.tool_calls import TOOL_NAME, check_parameters
 from tidal.online.records import SIGNALS
 
 MAX_STOP = 4
