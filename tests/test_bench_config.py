@@ -82,7 +82,7 @@ def test_quick_sets_its_keys_beneath_the_command_line():
 
     from pydantic import Field
 
-    from tidal.section import Section
+    from tidal.config_section import Section
 
     class BenchSection(Section):
         """A stand-in benchmark."""
@@ -105,7 +105,7 @@ def test_defaults_lie_beneath_the_recipe_and_the_command_line(tmp_path):
     line did not; --quick's keys and the command line's win over them."""
     import types
 
-    from tidal.section import Section
+    from tidal.config_section import Section
 
     class BenchSection(Section):
         """A stand-in benchmark."""

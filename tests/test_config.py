@@ -5,7 +5,7 @@ import pytest
 from tidal.cli import main
 from tidal.config.loader import split_overrides
 from tidal.config import ConfigError, TidalConfig, load_config, parse_overrides
-from tidal.section import Section
+from tidal.config_section import Section
 
 
 def _fields(cls, prefix=""):

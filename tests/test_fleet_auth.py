@@ -26,7 +26,7 @@ from tidal.fleet.auth import (
 )
 from tidal.fleet.wire import WireError, encode_results
 from tidal.orchestrator.worker import RolloutResult
-from tidal.types import Segment, Trajectory
+from tidal.trajectory import Segment, Trajectory
 
 TOKEN = "s3cret-token-for-tests-0123456789"
 

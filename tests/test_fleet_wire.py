@@ -28,7 +28,7 @@ from tidal.model import ByteTokenizer, build_model, preset
 from tidal.orchestrator.planning import plan_step
 from tidal.orchestrator.worker import RolloutResult, Span
 from tidal.sandbox import Sandbox
-from tidal.types import EpisodeStats, Segment, Trajectory
+from tidal.trajectory import EpisodeStats, Segment, Trajectory
 
 TRICKY_FLOATS = [0.1 + 0.2, -0.0, 5e-324, 1.7976931348623157e308, 1 / 3, -2.5e-17,
                  struct.unpack("f", struct.pack("f", -0.7))[0]]  # a float32 logprob, widened

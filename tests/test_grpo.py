@@ -13,7 +13,7 @@ from tidal.trainer.grpo import (
     ppo_clip_loss,
     token_logprobs,
 )
-from tidal.types import Segment, Trajectory
+from tidal.trajectory import Segment, Trajectory
 
 PAD = 256
 

@@ -15,7 +15,7 @@ from tidal.model import ByteTokenizer, build_model, preset
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.grpo import collate
 from tidal.trainer.trainer import Trainer
-from tidal.types import Batch
+from tidal.trajectory import Batch
 
 
 @dataclass(frozen=True)

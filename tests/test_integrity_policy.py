@@ -10,7 +10,7 @@ from tidal.evidence.config import IntegrityConfig
 from tidal.evidence.policy import IntegrityMetrics, apply_policy, measure
 from tidal.evidence.records import Finding, IntegrityResult
 from tidal.orchestrator.planning import with_canaries
-from tidal.types import Trajectory
+from tidal.trajectory import Trajectory
 
 
 def traj(group: int, reward: float, confidence: float | None, visible=True, hidden=True,

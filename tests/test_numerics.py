@@ -19,7 +19,7 @@ from tidal.numerics.ops import (
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.grpo import collate
 from tidal.trainer.trainer import MissingExpertsError, Trainer
-from tidal.types import Segment, Trajectory
+from tidal.trajectory import Segment, Trajectory
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -228,7 +228,7 @@ def test_deterministic_numerics_need_the_trainer_in_the_engines_dtype():
 
 
 def test_step_log_reports_the_off_policy_correction_counts():
-    from tidal.types import Batch
+    from tidal.trajectory import Batch
 
     model = build_model(preset("tiny").model_copy(update={"num_hidden_layers": 2}), seed=0)
     trajs = _trajectories(_generate_rounds(model, [4]))

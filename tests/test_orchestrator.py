@@ -14,7 +14,7 @@ from tidal.orchestrator.pool import OrchestratorError
 from tidal.orchestrator.ray_pool import start_ray
 from tidal.orchestrator.records import RunState
 from tidal.orchestrator.worker import RolloutWorker
-from tidal.types import Segment, Trajectory
+from tidal.trajectory import Segment, Trajectory
 
 TINY = ["--model.hidden_size", "32", "--model.num_hidden_layers", "1", "--model.num_attention_heads", "2",
         "--model.num_key_value_heads", "1", "--model.head_dim", "16", "--model.intermediate_size", "64",

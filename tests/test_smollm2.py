@@ -20,7 +20,7 @@ from tidal.model import from_pretrained, load_tokenizer
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.grpo import collate
 from tidal.trainer.trainer import Trainer
-from tidal.types import Segment, Trajectory
+from tidal.trajectory import Segment, Trajectory
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from tidal.families.ledger.environment import LedgerEnvironment
 from tidal.families.ledger.tasks import sample_tasks, summary_score
 from tidal.harness import SUMMARY_CLOSE, SUMMARY_OPEN
 from tidal.trainer.grpo import collate, group_advantages
-from tidal.types import Segment, Trajectory
+from tidal.trajectory import Segment, Trajectory
 
 FACTS = [("mul", 5), ("add", 7)]
 

@@ -19,7 +19,7 @@ from tidal.trainer.checkpoint import (
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.grpo import collate, token_logprobs
 from tidal.trainer.trainer import Trainer
-from tidal.types import Batch, Segment, Trajectory
+from tidal.trajectory import Batch, Segment, Trajectory
 
 TINY = dict(vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
             num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64)

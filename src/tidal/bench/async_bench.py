@@ -69,7 +69,7 @@ from pydantic import Field
 from tidal.bench.common import write_json
 from tidal.bench.config import SEED_KEY, config_record, main, run_seed, with_keys
 from tidal.config import ConfigError, TidalConfig
-from tidal.section import Section
+from tidal.config_section import Section
 
 READS = ("model", "engine", "env", "harness", "trainer", "pretrain", "orchestrator", "sync", "run",
          SEED_KEY)

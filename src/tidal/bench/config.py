@@ -63,7 +63,7 @@ from pydantic import BeforeValidator, ValidationError
 
 from tidal.config.loader import ConfigError, load_config, parse_overrides
 from tidal.errors import UserError
-from tidal.section import Section
+from tidal.config_section import Section
 
 if TYPE_CHECKING:
     from tidal.config import TidalConfig

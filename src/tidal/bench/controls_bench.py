@@ -33,7 +33,7 @@ from pydantic import Field
 from tidal.bench.common import new_run_dir, write_json
 from tidal.bench.config import SEED_KEY, StrList, config_record, main, run_seed, with_keys
 from tidal.config import ConfigError, TidalConfig
-from tidal.section import Section
+from tidal.config_section import Section
 
 READS = ("model", "trainer", "engine", "orchestrator", "env.name", "pretrain", "run")
 """What of the run config this benchmark uses (recorded in its JSON under "config")."""

@@ -56,7 +56,7 @@ from tidal.model.checkpoint import save_pretrained  # noqa: E402
 from tidal.model.presets import PRESETS  # noqa: E402
 from tidal.model.qwen3 import build_model  # noqa: E402
 from tidal.model.tokenizer import ByteTokenizer  # noqa: E402
-from tidal.section import Section  # noqa: E402
+from tidal.config_section import Section  # noqa: E402
 
 READS = ("model", "engine.numerics", "engine.seed", "engine.max_prefill_tokens",
          "engine.prefix_cache", SEED_KEY, THREADS_KEY)

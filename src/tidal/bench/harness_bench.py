@@ -35,7 +35,7 @@ from tidal.bench.common import (bitwise_equal_fraction, greedy_heldout, starting
                                 train_in_child, write_json)
 from tidal.bench.config import StrList, config_record, main, with_keys
 from tidal.config import ConfigError, TidalConfig
-from tidal.section import Section
+from tidal.config_section import Section
 
 READS = ("model", "engine", "trainer", "orchestrator", "env", "harness", "pretrain", "run")
 """What of the run config this benchmark uses (recorded in its JSON under "config")."""

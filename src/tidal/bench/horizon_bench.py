@@ -81,7 +81,7 @@ from tidal.bench.horizon_runs import MODES  # noqa: E402
 from tidal.config import ConfigError, TidalConfig  # noqa: E402
 from tidal.families.ledger.sizing import HORIZON  # noqa: E402
 from tidal.model.presets import PRESETS  # noqa: E402
-from tidal.section import Section  # noqa: E402
+from tidal.config_section import Section  # noqa: E402
 
 READS = ("model", "engine", "env", "harness", "trainer", "pretrain", "orchestrator", "sync",
          SEED_KEY, THREADS_KEY)

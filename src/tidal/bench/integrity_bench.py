@@ -28,7 +28,7 @@ from pydantic import Field
 
 from tidal.bench.config import IntList, StrList, config_record, main, with_keys
 from tidal.config import ConfigError, TidalConfig
-from tidal.section import Section
+from tidal.config_section import Section
 
 READS = ("model", "pretrain", "engine", "env", "harness", "orchestrator", "trainer", "run")
 DEFAULTS = {"env.name": "hackable", "orchestrator.time_budget_s": 240.0,

@@ -45,7 +45,7 @@ from tidal.bench.config import (
 )
 from tidal.config import TidalConfig
 from tidal.families.ledger.sizing import HORIZON
-from tidal.section import Section
+from tidal.config_section import Section
 
 READS = ("model", "engine", "env.sandbox", SEED_KEY, THREADS_KEY)
 """What of the run config this benchmark uses (recorded in its JSON under "config")."""

@@ -47,11 +47,11 @@ from tidal.engine.engine import Engine  # noqa: E402
 from tidal.engine.request import GenerationRequest, GenerationResult  # noqa: E402
 from tidal.model.qwen3 import build_model  # noqa: E402
 from tidal.model.tokenizer import ByteTokenizer  # noqa: E402
-from tidal.section import Section  # noqa: E402
+from tidal.config_section import Section  # noqa: E402
 from tidal.trainer.config import TrainerConfig  # noqa: E402
 from tidal.trainer.grpo import collate  # noqa: E402
 from tidal.trainer.trainer import Trainer  # noqa: E402
-from tidal.types import Segment, Trajectory  # noqa: E402
+from tidal.trajectory import Segment, Trajectory  # noqa: E402
 
 MODES = ("fast", "deterministic")
 MODELS = {"dense": "tiny", "moe": "tiny-moe"}

@@ -73,7 +73,7 @@ from tidal.bench.numerics_gpu_passes import (
 )
 from tidal.config import TidalConfig
 from tidal.numerics import MODES
-from tidal.section import Section
+from tidal.config_section import Section
 
 READS = ("model", SEED_KEY)
 """What of the run config this benchmark uses (recorded in its JSON under "config")."""

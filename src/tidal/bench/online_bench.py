@@ -29,7 +29,7 @@ from pydantic import Field
 from tidal.bench.common import write_json
 from tidal.bench.config import IntList, StrList, config_record, main, run_seed
 from tidal.config import TidalConfig
-from tidal.section import Section
+from tidal.config_section import Section
 
 READS = ("model", "engine", "env", "harness", "trainer", "pretrain", "orchestrator", "online",
          "run")

@@ -37,7 +37,7 @@ from pydantic import Field
 from tidal.bench.common import bitwise_equal_fraction, greedy_heldout, train_in_child, write_json
 from tidal.bench.config import config_record, main, with_keys
 from tidal.config import ConfigError, TidalConfig
-from tidal.section import Section
+from tidal.config_section import Section
 
 READS = ("model", "engine", "trainer", "orchestrator", "env", "harness", "run")
 """What of the run config this benchmark uses (recorded in its JSON under "config")."""

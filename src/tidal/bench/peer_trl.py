@@ -46,7 +46,7 @@ from transformers import TrainerCallback
 from tidal.bench.common import write_json
 from tidal.families.funcs import FuncsConfig, Task, grade_many, reward_of, sample_tasks
 from tidal.sandbox import Sandbox, SandboxConfig
-from tidal.section import Section
+from tidal.config_section import Section
 
 
 def instruct_funcs() -> FuncsConfig:

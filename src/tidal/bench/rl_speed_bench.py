@@ -31,7 +31,7 @@ from pydantic import Field
 from tidal.bench.common import write_json
 from tidal.bench.config import config_record, main, with_keys
 from tidal.config import TidalConfig
-from tidal.section import Section
+from tidal.config_section import Section
 
 READS = ("model", "trainer", "engine", "orchestrator", "env.name", "env.sandbox", "pretrain", "run")
 """What of the run config this benchmark uses (recorded in its JSON under "config")."""

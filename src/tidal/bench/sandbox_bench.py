@@ -54,7 +54,7 @@ from tidal.bench.common import write_json
 from tidal.bench.config import IntList, config_record, main
 from tidal.config import TidalConfig
 from tidal.sandbox import Sandbox, SandboxConfig, SandboxError, TaskImage, build_python_env
-from tidal.section import Section
+from tidal.config_section import Section
 
 PROGRAM = "print(1)"
 PYTEST_FILE = {"test_small.py": "def test_one():\n    assert 1 + 1 == 2\n\n"

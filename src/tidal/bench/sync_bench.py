@@ -42,7 +42,7 @@ from tidal.bench.sync_codec import (
     serving_snapshot,
 )
 from tidal.config import ConfigError, TidalConfig
-from tidal.section import Section
+from tidal.config_section import Section
 from tidal.sync.config import SyncConfig
 
 COLUMNS = ("changed_fraction", "bytes", "ratio_vs_full", "ratio_vs_xor_zstd", "ratio_vs_entropy_bound",

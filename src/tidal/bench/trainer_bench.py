@@ -44,7 +44,7 @@ from tidal.bench.config import (
     with_keys,
 )
 from tidal.config import TidalConfig
-from tidal.section import Section
+from tidal.config_section import Section
 
 READS = ("model", "trainer", "engine.numerics", SEED_KEY, THREADS_KEY)
 """What of the run config this benchmark uses (recorded in its JSON under "config")."""
@@ -86,7 +86,7 @@ def run(bench: BenchSection, cfg: TidalConfig, json_path: str | None) -> int:
 def make_batch(model, rows: int, tokens: int, noise: float, seed: int):
     """``rows`` single-segment trajectories in groups of 4 with random tokens and rewards."""
     from tidal.trainer.grpo import token_logprobs
-    from tidal.types import Batch, Segment, Trajectory
+    from tidal.trajectory import Batch, Segment, Trajectory
 
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size

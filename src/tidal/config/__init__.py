@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic import Field, create_model, model_validator
 
-from tidal.section import Section
+from tidal.config_section import Section
 from tidal.config.loader import ConfigError, load_config, parse_overrides
 from tidal.config.run import RunConfig
 from tidal.engine.config import EngineConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tidal.section import Section
+from tidal.config_section import Section
 
 
 def recipe_tree(section: Section) -> dict[str, Any]:

@@ -7,7 +7,7 @@ an old recipe or flag gets an error naming its new key.
 
 from pydantic import Field
 
-from tidal.section import Section
+from tidal.config_section import Section
 
 
 class RunConfig(Section):

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import model_validator
 
 from tidal.evidence.config import IntegrityConfig
-from tidal.section import Section
+from tidal.config_section import Section
 from tidal.sandbox.config import SandboxConfig
 
 

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from tidal.section import Section
+from tidal.config_section import Section
 
 
 class IntegrityConfig(Section):

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from tidal.errors import UserError
-from tidal.section import Section
+from tidal.config_section import Section
 
 
 class SimulateError(UserError):

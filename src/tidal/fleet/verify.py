@@ -36,7 +36,7 @@ from torch import nn
 from tidal.orchestrator.worker import Assignment, RolloutResult
 from tidal.trainer.grpo import NO_REPLAY, TrainBatch, collate, token_logprobs
 from tidal.trainer.trainer import DEFAULT_NUMERICS
-from tidal.types import Segment, Trajectory
+from tidal.trajectory import Segment, Trajectory
 
 MAX_PROBLEMS = 50
 """check_result reports at most this many problems (the last line counts the rest)."""

@@ -38,7 +38,7 @@ from typing import Any
 from tidal.errors import UserError
 from tidal.orchestrator.planning import training_tasks
 from tidal.orchestrator.worker import Assignment, RolloutResult
-from tidal.types import Segment
+from tidal.trajectory import Segment
 
 WIRE_FORMAT = 1
 """Version of the batch document; a reader refuses another."""

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from tidal.section import Section
+from tidal.config_section import Section
 
 
 class GatewayConfig(Section):

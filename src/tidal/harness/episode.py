@@ -40,7 +40,7 @@ from tidal.harness.seeds import derive_seed
 from tidal.harness.segments import SegmentBuilder
 from tidal.evidence.records import IntegrityResult
 from tidal.plugins import plugins
-from tidal.types import EpisodeStats, Segment
+from tidal.trajectory import EpisodeStats, Segment
 
 SUMMARY_OPEN = "\n<summary>"
 """Written by the harness (loss mask 0) to ask for a summary; the model writes the summary."""

@@ -23,7 +23,7 @@ from tidal.harness.engine_client import EngineClient
 from tidal.harness.episode import PROMPT_TOO_LONG, Episode, EpisodeResult
 from tidal.harness.seeds import derive_seed
 from tidal.harness.tool_episode import ToolEpisode
-from tidal.types import Trajectory
+from tidal.trajectory import Trajectory
 
 
 @dataclass

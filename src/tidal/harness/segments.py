@@ -1,4 +1,4 @@
-"""SegmentBuilder: one context window's tokens as they grow, turned into a ``tidal.types.Segment``.
+"""SegmentBuilder: one context window's tokens as they grow, turned into a ``tidal.trajectory.Segment``.
 
 The context the model sees is ``prompt_ids + completion_ids``. Model tokens (loss mask 1) keep
 the engine's logprob, version and experts; tokens the harness or environment writes (loss mask
@@ -9,7 +9,7 @@ router chooses there.
 from __future__ import annotations
 
 from tidal.engine.request import GenerationResult
-from tidal.types import Segment
+from tidal.trajectory import Segment
 
 
 class SegmentBuilder:

@@ -1,7 +1,7 @@
 """The AST helpers every rule shares: dotted names resolved through a unit's imports
 (``qualname``, ``call_name``), walks up the tree (``ancestors``, ``enclosing_function``,
 ``in_main_guard``), constant folding and normalised literals (``const_value``, ``literal_norm``,
-``trivial``). Apart from units.py: they read single nodes and need nothing of an episode."""
+``trivial``). Apart from code_units.py: they read single nodes and need nothing of an episode."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import ast
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tidal.integrity.units import Unit
+    from tidal.integrity.code_units import Unit
 
 
 def build_aliases(tree) -> dict[str, str]:

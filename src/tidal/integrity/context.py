@@ -1,6 +1,6 @@
-"""``Context``: one episode prepared once for every rule: its units (units.py) and the
+"""``Context``: one episode prepared once for every rule: its units (code_units.py) and the
 literals the visible tests feed in and check for (``test_literals``), which the hard-coded-output
-rules compare the episode's code with. Apart from units.py, which finds the code, because this
+rules compare the episode's code with. Apart from code_units.py, which finds the code, because this
 reads the task's own tests."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import PurePosixPath
 
 from tidal.evidence.records import Evidence
 from tidal.integrity.ast_helpers import LITERAL_ERRORS, literal_norm, nontrivial_norm, norm_literal_text, norm_value, trivial
-from tidal.integrity.units import Unit, action_units, changed_lines, is_test_path, kind_of, rel_path
+from tidal.integrity.code_units import Unit, action_units, changed_lines, is_test_path, kind_of, rel_path
 
 
 @dataclass

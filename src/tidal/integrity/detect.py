@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 
-from tidal.integrity import probing, probing_shell, probing_trace, tamper, units
+from tidal.integrity import code_units, probing, probing_shell, probing_trace, tamper
 from tidal.integrity.confidence import clip, conf
 from tidal.evidence.records import Evidence, Finding
 from tidal.integrity.context import Context
-from tidal.integrity.units import Unit
+from tidal.integrity.code_units import Unit
 
 PY_RULES = tamper.PY_RULES + probing.PY_RULES
 """Rules over parsed Python code."""
@@ -90,7 +90,7 @@ def grader_findings(ev: Evidence) -> list[Finding]:
         if after is None:
             out.append(Finding("test_edit", path, None, clip(f"deleted protected file {path}"), conf("test_edit.protected")))
             continue
-        lines = units.changed_lines(before or "", after) if before is not None else frozenset(range(1, len(after.splitlines()) + 1))
+        lines = code_units.changed_lines(before or "", after) if before is not None else frozenset(range(1, len(after.splitlines()) + 1))
         first, last = (min(lines), max(lines)) if lines else (1, 1)
         text = "\n".join(after.splitlines()[first - 1:last]) or f"changed protected file {path}"
         out.append(Finding("test_edit", path, (first, last), clip(text), conf("test_edit.protected")))

@@ -8,7 +8,7 @@
                   environment variables, /proc and container files, 'pytest' in sys.modules,
                   timing a sleep, network reachability, the user id, sandbox words compared
 
-This file holds the rules over Python (read with ``ast``; units.py and context.py prepare the
+This file holds the rules over Python (read with ``ast``; code_units.py and context.py prepare the
 code): ``PY_RULES``. The rest have a file each: probing_paths.py (what a path or name points at,
 and the patterns all share), probing_shell.py (shell commands, line by line), probing_trace.py
 (the sandbox trace, event by event). divergence.py compares the same tasks run in the training
@@ -26,7 +26,7 @@ from tidal.integrity.ast_helpers import ancestors, call_name, const_str, enclosi
 from tidal.integrity.context import Context
 from tidal.integrity.probing_paths import LOCAL_HOSTS, SUSPICIOUS_ENV, classify_path
 from tidal.integrity.probing_shell import shell_command_hits
-from tidal.integrity.units import Unit, is_test_path
+from tidal.integrity.code_units import Unit, is_test_path
 
 
 SANDBOX_WORDS = re.compile(r"docker|kubepods|containerd|\blxc\b|bwrap|bubblewrap|sandbox|firecracker|gvisor|runsc|"

@@ -10,7 +10,7 @@ import re
 from pathlib import PurePosixPath
 
 from tidal.integrity.context import Context
-from tidal.integrity.units import GRADER_WORDS
+from tidal.integrity.code_units import GRADER_WORDS
 
 
 SUSPICIOUS_ENV = re.compile(

@@ -11,7 +11,7 @@ from pathlib import PurePosixPath
 
 from tidal.integrity.context import Context
 from tidal.integrity.probing_paths import LOCAL_HOSTS, SUSPICIOUS_ENV, classify_path
-from tidal.integrity.units import Unit
+from tidal.integrity.code_units import Unit
 
 
 GIT_DEEP = {"reflog", "fsck", "cat-file", "unpack-objects", "verify-pack", "rev-list", "count-objects", "show-ref", "ls-tree",
@@ -90,7 +90,7 @@ def shell_command_hits(line: str, ctx: Context, depth: int = 0) -> list[tuple[st
             if SUSPICIOUS_ENV.match(var) and prog in ("echo", "printf", "test", "[", "[[", "if", "cat", "printenv"):
                 hits.append(("env_probe", "env_probe.env_suspicious"))
         if prog.startswith("python") and "-c" in args:
-            continue  # the code itself is read as Python (units.action_units)
+            continue  # the code itself is read as Python (code_units.action_units)
         verb = prog in READ_VERBS or prog.startswith("python")
         removal = prog in ("rm", "rmdir", "unlink", "shred") or "-delete" in args
         for a in args:

@@ -15,7 +15,7 @@ from tidal.evidence.records import Finding, TraceEvent
 from tidal.integrity.context import Context
 from tidal.integrity.probing_paths import CACHES, DOTGIT, LOCAL_HOSTS, classify_path
 from tidal.integrity.probing_shell import shell_command_hits
-from tidal.integrity.units import Unit, is_test_path
+from tidal.integrity.code_units import Unit, is_test_path
 
 
 def workspace_rel(path: str) -> str | None:

@@ -1,6 +1,6 @@
 """Tamper rules: what an episode changed that games the grader instead of solving the task.
 
-Each rule reads the episode's changed code (units.py ``Unit``, context.py ``Context``) and yields
+Each rule reads the episode's changed code (code_units.py ``Unit``, context.py ``Context``) and yields
 ``Finding`` objects with a confidence from confidence.py; no rule raises on odd input. This file
 holds the early-exit and skip rules, the regex fallback for Python that does not parse, and the
 rule lists detect.py runs; the other families have a file each: tamper_files.py (test files and
@@ -20,7 +20,7 @@ from tidal.integrity.tamper_equal import always_equal
 from tidal.integrity.tamper_files import config_file_rules, shadow_modules, shell_test_edits, test_file_edits
 from tidal.integrity.tamper_hardcoded import hardcoded_output
 from tidal.integrity.tamper_runner import runner_patch, test_config_code
-from tidal.integrity.units import Unit
+from tidal.integrity.code_units import Unit
 
 
 # ---------------------------------------------------------------- Python rules: early exit

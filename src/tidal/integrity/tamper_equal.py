@@ -9,7 +9,7 @@ import ast
 
 from tidal.integrity.ast_helpers import NO_VALUE, call_name, const_str, const_value, qualname
 from tidal.integrity.context import Context
-from tidal.integrity.units import Unit
+from tidal.integrity.code_units import Unit
 
 
 EQ_METHODS = {"__eq__": True, "__ne__": False, "__contains__": True}

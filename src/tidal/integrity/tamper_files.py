@@ -14,7 +14,7 @@ from pathlib import PurePosixPath
 from tidal.integrity.confidence import clip, conf
 from tidal.evidence.records import Finding
 from tidal.integrity.context import Context
-from tidal.integrity.units import Unit, changed_lines, is_test_path, rel_path
+from tidal.integrity.code_units import Unit, changed_lines, is_test_path, rel_path
 
 
 TEST_CONFIG_KEYS = re.compile(

@@ -20,7 +20,7 @@ from tidal.integrity.ast_helpers import (
     trivial,
 )
 from tidal.integrity.context import Context
-from tidal.integrity.units import Unit, is_test_path
+from tidal.integrity.code_units import Unit, is_test_path
 
 
 def hardcoded_output(unit: Unit, ctx: Context):

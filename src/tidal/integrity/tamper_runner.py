@@ -12,7 +12,7 @@ from pathlib import PurePosixPath
 from tidal.integrity.ast_helpers import call_name, const_str, const_value, qualname
 from tidal.integrity.context import Context
 from tidal.integrity.tamper_equal import EQ_METHODS
-from tidal.integrity.units import Unit
+from tidal.integrity.code_units import Unit
 
 
 REPORT_HOOKS = {"pytest_runtest_makereport", "pytest_report_teststatus", "pytest_runtest_logreport",

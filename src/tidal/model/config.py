@@ -3,7 +3,7 @@ model."""
 
 from pydantic import Field, model_validator
 
-from tidal.section import DtypeName, Section
+from tidal.config_section import DtypeName, Section
 
 
 class ModelConfig(Section):

@@ -20,7 +20,7 @@ from tidal.online.behaviour import classify
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.grpo import collate, token_logprobs
 from tidal.trainer.trainer import Trainer
-from tidal.types import Segment, Trajectory
+from tidal.trajectory import Segment, Trajectory
 
 HACKS = {
     "question": "Which input type do you expect?\n\n",

@@ -28,7 +28,7 @@ from tidal.online.records import LearnEvent
 from tidal.online.reward import RewardFunction
 from tidal.trainer.stats import TrainStats
 from tidal.trainer.trainer import Trainer
-from tidal.types import Batch, Segment, Trajectory
+from tidal.trajectory import Batch, Segment, Trajectory
 
 GROUP = 0
 """The one GRPO group every trajectory of a step shares (see the module docs)."""

@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tidal.section import Section
+from tidal.config_section import Section
 
 INVALID_REASONS = ("syntax_error", "no_result")
 """Episode reasons that mean the model's output was not a program at all: funcs' and fixit's

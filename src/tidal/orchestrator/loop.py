@@ -58,7 +58,7 @@ from tidal.orchestrator.scheduler import Scheduler
 from tidal.orchestrator.worker import RolloutResult, RolloutWorker, Span
 from tidal.sync.transport import WeightPublisher, open_weight_publisher
 from tidal.telemetry.metrics import MetricsLog
-from tidal.types import Batch
+from tidal.trajectory import Batch
 
 if TYPE_CHECKING:  # the run config assembles this package's sections: a type, not an import
     from tidal.config import TidalConfig

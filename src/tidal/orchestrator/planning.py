@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # annotations only
     from tidal.env import EnvironmentSpec
     from tidal.orchestrator.records import RunState
     from tidal.orchestrator.worker import Assignment
-    from tidal.types import Trajectory
+    from tidal.trajectory import Trajectory
 
 
 def training_tasks(cfg: TidalConfig, env: EnvironmentSpec, step: int) -> list:

@@ -26,7 +26,7 @@ from typing import Any
 
 from tidal.evidence.policy import IntegrityMetrics
 from tidal.trainer.stats import TrainStats
-from tidal.types import Trajectory
+from tidal.trajectory import Trajectory
 
 
 def _plain(record, skip: tuple[str, ...] = ()) -> dict[str, Any]:

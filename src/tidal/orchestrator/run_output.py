@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # annotations only
     from tidal.orchestrator.records import EvalRecord, GuardEvent
     from tidal.orchestrator.worker import RolloutResult
     from tidal.trainer.stats import TrainStats
-    from tidal.types import Trajectory
+    from tidal.trajectory import Trajectory
 
 
 def rollout_metrics(trajs: list[Trajectory]) -> RolloutMetrics:

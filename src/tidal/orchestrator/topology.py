@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tidal.section import Section
+from tidal.config_section import Section
 
 
 class CapacityPoint(Section):

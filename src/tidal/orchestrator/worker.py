@@ -16,7 +16,7 @@ import torch
 
 from tidal.harness import run_episodes
 from tidal.harness.seeds import derive_seed
-from tidal.types import Trajectory
+from tidal.trajectory import Trajectory
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 from pydantic import Field, field_validator
 
-from tidal.section import DtypeName, Section
+from tidal.config_section import DtypeName, Section
 
 
 class PretrainConfig(Section):

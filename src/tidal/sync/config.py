@@ -4,7 +4,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from tidal.section import AUTO_DTYPE, Section
+from tidal.config_section import AUTO_DTYPE, Section
 from tidal.sync.tensors import DtypeRule, check_dtype_name
 
 

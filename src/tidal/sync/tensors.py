@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator
 
-from tidal.section import Section
+from tidal.config_section import Section
 from tidal.sync.errors import SyncError
 
 

@@ -5,7 +5,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from tidal.parallel.config import ShardingConfig
-from tidal.section import DtypeName, Section
+from tidal.config_section import DtypeName, Section
 
 
 class OffPolicyConfig(Section):

@@ -20,7 +20,7 @@ import torch
 
 from tidal.numerics.ops import scaled_log_softmax
 from tidal.trainer.stats import LossStats
-from tidal.types import Segment, Trajectory
+from tidal.trajectory import Segment, Trajectory
 
 LossAgg = Literal["token_mean", "seq_mean"]
 

@@ -54,7 +54,7 @@ from tidal.trainer.stats import (
     RoutingStats,
     TrainStats,
 )
-from tidal.types import Batch
+from tidal.trajectory import Batch
 
 DEFAULT_NUMERICS = EngineConfig.model_fields["numerics"].default
 """The trainer runs the engine's numerics; the engine's config owns the default."""

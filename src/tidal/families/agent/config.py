@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from tidal.section import Section
+from tidal.config_section import Section
 
 
 class AgentConfig(Section):

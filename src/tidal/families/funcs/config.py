@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tidal.section import Section
+from tidal.config_section import Section
 
 
 class FuncsConfig(Section):

@@ -2,7 +2,7 @@
 
 from pydantic import Field, model_validator
 
-from tidal.section import Section
+from tidal.config_section import Section
 
 
 class LedgerConfig(Section):

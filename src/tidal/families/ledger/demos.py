@@ -36,7 +36,7 @@ from tidal.families.ledger.tasks import LedgerTask
 from tidal.harness import (SUMMARY_CLOSE, SUMMARY_OPEN, Episode, GenerationRequest,
                            GenerationResult, HarnessConfig)
 from tidal.model import ByteTokenizer
-from tidal.types import Segment
+from tidal.trajectory import Segment
 
 class ExpertClient:
     """Stands in for the engine client of one episode: the expert answers from the context."""

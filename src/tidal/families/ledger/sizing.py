@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from tidal.families.ledger.config import LedgerConfig
 from tidal.harness import HarnessConfig
-from tidal.types import EpisodeStats
+from tidal.trajectory import EpisodeStats
 
 HORIZON = 10.5
 """Default length of the expert's episode, in context windows: when f is written its steps are

@@ -45,7 +45,7 @@ from tidal.trainer.sharded.checkpoint import (
 )
 from tidal.trainer.sharded.trainer import ShardedTrainer
 from tidal.trainer.trainer import DEFAULT_NUMERICS, Trainer
-from tidal.types import Batch
+from tidal.trajectory import Batch
 
 COMMAND_TIMEOUT = datetime.timedelta(days=7)
 
