@@ -185,6 +185,7 @@ def fused_forward(
     logits_at: torch.Tensor | None,
     attend=None,
     logits_from: int = 0,
+    logits_rows: int = 1,
 ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
     """input_ids, positions [B, T] (positions < 0: padding) -> (fp32 logits [B, T, V] or [B, V] at
     ``logits_at``, per-layer router top-k [B*T, k] or Nones). With a cache (and its ``plan`` from
@@ -195,7 +196,8 @@ def fused_forward(
     ``attend(qkv, qk_norm, cos, sin) -> [B, T, heads * D]``: who attends to whom, in place of
     the op set's self-attention (the trainer's shared-prefix pass, model/shared_prefix.py: its tokens
     are one row whose attention reads each suffix's prefix); ``logits_from``: logits only for
-    the tokens from there on (dim 1)."""
+    the tokens from there on (dim 1), folded into ``logits_rows`` rows (a new tensor, not a view
+    of one: FSDP2 warns about views)."""
     ops = w.ops
     b, t = input_ids.shape
     ctx = ops.attention_context(positions, plan, cache, t) if attend is None else None
@@ -221,7 +223,7 @@ def fused_forward(
     if logits_at is not None:
         x = x[torch.arange(b, device=x.device), logits_at]
     elif logits_from:
-        x = x[:, logits_from:]
+        x = x[:, logits_from:].reshape(logits_rows, -1, x.shape[-1])
     return ops.linear(w.lm_head, ops.norm(x, w.norm, w)).float(), expert_ids
 
 

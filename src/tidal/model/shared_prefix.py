@@ -82,8 +82,8 @@ def shared_prefix_forward(model: CausalLM, w: FusedWeights, prefix: SharedPrefix
         replay = torch.cat((prefix.replay.flatten(0, 1), replay))
     attend = PrefixAttention(w, prefix, starts, positions)
     logits, expert_ids = fused_forward(model, w, ids, both, None, None, replay, None, attend,
-                                       logits_from=g * tp)
-    return logits.view(b, ts, -1), [None if e is None else e[g * tp:] for e in expert_ids]
+                                       logits_from=g * tp, logits_rows=b)
+    return logits, [None if e is None else e[g * tp:] for e in expert_ids]
 
 
 class PrefixAttention:
