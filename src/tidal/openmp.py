@@ -10,6 +10,10 @@ ALONE_ON_THE_MACHINE = {"pretrain"}
 their idle OpenMP threads may spin (OpenMP's default), see ``set_wait_policy``."""
 
 
+PASSIVE_BY_DEFAULT = False
+"""Set by ``set_wait_policy``: whether this process runs with tidal's default OMP_WAIT_POLICY=PASSIVE."""
+
+
 def set_wait_policy(command: str) -> bool:
     """Before torch loads (OpenMP reads its wait policy once per process): PASSIVE for commands
     that share the cores with rollout workers and sandboxes, so idle OpenMP threads sleep instead
@@ -25,10 +29,6 @@ def set_wait_policy(command: str) -> bool:
     if PASSIVE_BY_DEFAULT:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     return PASSIVE_BY_DEFAULT
-
-
-PASSIVE_BY_DEFAULT = False
-"""Set by ``set_wait_policy``: whether this process runs with tidal's default OMP_WAIT_POLICY=PASSIVE."""
 
 
 def pretrain_child_env() -> dict:

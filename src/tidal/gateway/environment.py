@@ -41,4 +41,5 @@ def load_environment(sandbox=None, config: GatewayConfig | None = None) -> Envir
 
         def corpus(n_docs: int, seed: int) -> list[str]:
             return build_corpus(config, family, n_docs, seed)
-    return replace(family, name=f"harness:{family.name}", outside=GatewayEpisodes(config), build_corpus=corpus)
+    return replace(family, name=f"harness:{family.name}", outside=GatewayEpisodes(config),
+                   build_corpus=corpus)

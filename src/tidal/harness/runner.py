@@ -63,7 +63,7 @@ async def run_episodes_async(engine, spec, tasks, cfg, samples_per_task=1, group
     engine_client = EngineClient(engine, before_step) if client is None else None
     limit = asyncio.Semaphore(cfg.max_concurrent_episodes or len(tasks) * samples_per_task or 1)
 
-    outside = None
+    outside = served = None  # served: what ``outside`` yields, once it is open (below)
     if spec.outside is not None:  # an outside program runs each episode (env.spec.OutsideEpisodes)
         outside = spec.outside.serve(client or engine_client, engine.tokenizer, engine.cfg, window,
                                      no_experts)
