@@ -60,6 +60,16 @@ def test_a_moved_key_names_its_new_place(tmp_path):
     assert load_config(None, ["--run.seed", "3", "--run.trainer_threads", "1"]).run.seed == 3
 
 
+def test_a_moved_section_names_its_new_place(tmp_path):
+    with pytest.raises(ConfigError, match=r"\[trainer.sharding\] is now a section of its own.*--sharding.<key>"):
+        load_config(None, ["--trainer.sharding.processes", "2"])
+    p = tmp_path / "old.toml"
+    p.write_text("[trainer.sharding]\nprocesses = 2\n")
+    with pytest.raises(ConfigError, match=r"write it as \[sharding\]"):
+        load_config(p)
+    assert load_config(None, ["--sharding.processes", "2"]).sharding.processes == 2
+
+
 def test_bad_values_and_cross_field():
     with pytest.raises(ConfigError, match="num_key_value_heads"):
         load_config(None, ["--model.num_key_value_heads", "4"])

@@ -358,7 +358,7 @@ def test_gate_drops_what_a_thrown_away_policy_sampled():
 def test_restore_with_the_sharded_trainer_is_refused_at_start_up(tmp_path, ckpt):  # noqa: F811
     from tidal.orchestrator.pool import OrchestratorError
 
-    cfg = cfg_with("--orchestrator.steps", "1", "--trainer.sharding.processes", "2")
+    cfg = cfg_with("--orchestrator.steps", "1", "--sharding.processes", "2")
     with pytest.raises(OrchestratorError, match="guard.policy = 'stop'"):
         loop.run_rl(cfg, tmp_path, ckpt, progress=False)
 

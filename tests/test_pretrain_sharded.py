@@ -20,8 +20,8 @@ REL = 1e-5
 
 def sharded_cfg(tmp_path, processes, **pretrain_fields):
     cfg = tiny_cfg(tmp_path, max_steps=4, warmup_steps=1, log_every=1, **pretrain_fields)
-    sharding = cfg.trainer.sharding.model_copy(update={"processes": processes, "timeout_s": 240})
-    return cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"sharding": sharding})})
+    sharding = cfg.sharding.model_copy(update={"processes": processes, "timeout_s": 240})
+    return cfg.model_copy(update={"sharding": sharding})
 
 
 def losses(out):
@@ -44,7 +44,7 @@ def test_two_processes_pretrain_as_one(tmp_path):
 
 def test_a_batch_the_processes_cannot_split_is_one_clear_error(tmp_path):
     check_batch(sharded_cfg(tmp_path, 2, batch_size=8))
-    with pytest.raises(WorldSizeError, match="pretrain.batch_size = 8 .* trainer.sharding.processes = 3"):
+    with pytest.raises(WorldSizeError, match="pretrain.batch_size = 8 .* sharding.processes = 3"):
         check_batch(sharded_cfg(tmp_path, 3, batch_size=8))
     with pytest.raises(WorldSizeError, match="pretrain.batch_size"):
         pretrain(sharded_cfg(tmp_path, 3, batch_size=8), tmp_path / "out", docs=DOCS, progress=False)

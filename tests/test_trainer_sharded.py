@@ -36,9 +36,12 @@ MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
 REL = 1e-5
 
 
-def config(processes=1, **sharding):
-    return TrainerConfig(micro_batch_size=4, warmup_steps=0, lr=1e-2, dtype="float32",
-                         sharding=ShardingConfig(processes=processes, timeout_s=240, **sharding))
+def config():
+    return TrainerConfig(micro_batch_size=4, warmup_steps=0, lr=1e-2, dtype="float32")
+
+
+def shards(processes=1, **sharding):
+    return ShardingConfig(processes=processes, timeout_s=240, **sharding)
 
 
 def assert_same_step(ref_stats, ref_model, stats, model):
@@ -61,7 +64,7 @@ def test_sharded_steps_and_resume_from_4_to_2_processes_equal_one_process(tmp_pa
     model = copy.deepcopy(ref_model)
     ref = Trainer(ref_model, config())
     ref1 = ref.step(first)
-    handle = ShardedTrainerHandle(model, config(4), numerics="fast")
+    handle = ShardedTrainerHandle(model, config(), shards(4), numerics="fast")
     try:
         assert_same_step(ref1, ref_model, handle.step(first), handle.model)
         assert handle.version == 1
@@ -79,7 +82,7 @@ def test_sharded_steps_and_resume_from_4_to_2_processes_equal_one_process(tmp_pa
     assert (theirs.float() - want).abs().max().item() <= 1e-4
 
     ref2 = ref.step(second)
-    resumed = ShardedTrainerHandle(tiny_model(seed=5), config(2, activation_checkpointing=True),
+    resumed = ShardedTrainerHandle(tiny_model(seed=5), config(), shards(2, activation_checkpointing=True),
                                    numerics="fast")  # recomputed activations: the same step
     try:
         assert resumed.load(tmp_path / "ckpt") == {"data": 7}
@@ -98,7 +101,7 @@ def test_sharded_moe_step_with_replay_equals_one_process(numerics):
     batch = on_policy_batch(ref_model, with_experts=True, groups=1, group_size=3)
     model = copy.deepcopy(ref_model)
     ref1 = Trainer(ref_model, config(), numerics=numerics).step(batch)
-    handle = ShardedTrainerHandle(model, config(2), numerics=numerics)
+    handle = ShardedTrainerHandle(model, config(), shards(2), numerics=numerics)
     try:
         stats = handle.step(batch)
     finally:
@@ -115,8 +118,8 @@ def test_a_torchrun_world_size_other_than_the_configs_is_refused(monkeypatch):
     for name, value in (("RANK", "0"), ("WORLD_SIZE", "3"), ("MASTER_ADDR", "127.0.0.1"),
                         ("MASTER_PORT", str(free_port()))):
         monkeypatch.setenv(name, value)
-    with pytest.raises(WorldSizeError, match="trainer.sharding.processes = 2"):
-        make_trainer(tiny_model(), config(2, launcher="torchrun"))
+    with pytest.raises(WorldSizeError, match="sharding.processes = 2"):
+        make_trainer(tiny_model(), config(), shards(2, launcher="torchrun"))
 
 
 def test_missing_rendezvous_is_a_clear_error(monkeypatch):
@@ -140,13 +143,13 @@ def test_activation_checkpointing_needs_the_module_forward():
 
 @pytest.mark.slow
 def test_tidal_train_runs_and_resumes_with_a_sharded_trainer(tmp_path):
-    """`tidal train`'s loop with trainer.sharding.processes = 2: trains, checkpoints (DCP), resumes."""
+    """`tidal train`'s loop with sharding.processes = 2: trains, checkpoints (DCP), resumes."""
     from test_orchestrator import cfg_with, records
 
     from tidal.model import build_model, save_pretrained
     from tidal.orchestrator.loop import run_rl
 
-    sharded = ("--trainer.sharding.processes", "2", "--trainer.sharding.timeout_s", "240",
+    sharded = ("--sharding.processes", "2", "--sharding.timeout_s", "240",
                "--orchestrator.guard.policy", "stop")  # restore: single-process trainer only
     init = tmp_path / "init"
     save_pretrained(build_model(cfg_with().model, seed=0), init)

@@ -113,11 +113,10 @@ def train(model, cfg: TidalConfig, processes: int, batch, steps: int) -> dict:
     )
     from tidal.trainer.trainer import Trainer
 
-    tcfg = cfg.trainer.model_copy(update={"sharding": cfg.trainer.sharding.model_copy(
-        update={"processes": processes})})
+    sharding = cfg.sharding.model_copy(update={"processes": processes})
     numerics = cfg.engine.numerics
-    trainer = (Trainer(model, tcfg, numerics=numerics) if processes == 1
-               else ShardedTrainerHandle(model, tcfg, numerics=numerics))
+    trainer = (Trainer(model, cfg.trainer, numerics=numerics) if processes == 1
+               else ShardedTrainerHandle(model, cfg.trainer, sharding, numerics=numerics))
     try:
         stats = [trainer.step(batch) for _ in range(steps)]
         memory = (trainer.memory() if processes > 1 else

@@ -20,6 +20,7 @@ from tidal.harness.config import HarnessConfig
 from tidal.orchestrator.topology import FleetConfig
 from tidal.model.config import ModelConfig
 from tidal.orchestrator.config import OrchestratorConfig
+from tidal.parallel.config import ShardingConfig
 from tidal.pretrain.config import PretrainConfig
 from tidal.sync.config import SyncConfig
 from tidal.env.config import EnvConfig
@@ -37,6 +38,7 @@ class CoreConfig(Section):
     env: EnvConfig = Field(default_factory=EnvConfig)
     harness: HarnessConfig = Field(default_factory=HarnessConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    sharding: ShardingConfig = Field(default_factory=ShardingConfig)
     pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     sync: SyncConfig = Field(default_factory=SyncConfig)

@@ -72,9 +72,7 @@ def _explain(err: ValidationError) -> str:
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"]) or "(config)"
         if e["type"] == "extra_forbidden" and where in MOVED_KEYS:
-            new = MOVED_KEYS[where]
-            lines.append(f"config key '{where}' moved to '{new}': write it as [{new.split('.')[0]}] "
-                         f"{new.split('.', 1)[1]} = ... in a recipe, or --{new} on the command line")
+            lines.append(_moved(where, MOVED_KEYS[where]))
         elif e["type"] == "extra_forbidden" and len(e["loc"]) == 1:
             lines.append(f"unknown config section [{where}]: check its spelling; a section an "
                          "extension adds comes from its `tidal.sections` entry point, which an "
@@ -84,6 +82,16 @@ def _explain(err: ValidationError) -> str:
         else:
             lines.append(f"{where}: {e['msg'].removeprefix('Value error, ')}")
     return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def _moved(old: str, new: str) -> str:
+    """The error for a key or a whole section that now lives elsewhere."""
+    if "." not in new:
+        return (f"config section [{old}] is now a section of its own: write it as [{new}] in a "
+                f"recipe, or --{new}.<key> on the command line (was --{old}.<key>)")
+    section, key = new.split(".", 1)
+    return (f"config key '{old}' moved to '{new}': write it as [{section}] {key} = ... in a "
+            f"recipe, or --{new} on the command line")
 
 
 def _merge(tree: dict[str, Any], top: dict[str, Any]) -> None:

@@ -45,5 +45,6 @@ MOVED_KEYS = {
     "orchestrator.num_threads": "run.trainer_threads",
     "orchestrator.worker_threads": "run.worker_threads",
     "pretrain.num_threads": "run.pretrain_threads",
+    "trainer.sharding": "sharding",
 }
 """Old dotted key -> its key now; the loader names the new key when a config uses an old one."""

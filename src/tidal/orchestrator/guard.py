@@ -404,11 +404,11 @@ def evidence_of(findings: list[Finding]) -> dict[str, Any]:
 
 def check_supported(cfg) -> None:
     """Refuse, at start-up, what the guard cannot do: restoring the sharded trainer."""
-    if cfg.orchestrator.guard.policy == "restore" and cfg.trainer.sharding.processes > 1:
+    if cfg.orchestrator.guard.policy == "restore" and cfg.sharding.processes > 1:
         raise OrchestratorError(
             "orchestrator.guard.policy = 'restore' is not supported with the sharded trainer "
-            f"(trainer.sharding.processes = {cfg.trainer.sharding.processes}); set "
-            "orchestrator.guard.policy = 'stop' (or 'log' / 'off'), or trainer.sharding.processes = 1")
+            f"(sharding.processes = {cfg.sharding.processes}); set "
+            "orchestrator.guard.policy = 'stop' (or 'log' / 'off'), or sharding.processes = 1")
 
 
 def is_trainer_checkpoint(path: str | Path) -> bool:

@@ -93,7 +93,7 @@ class Run:
         if cfg.run.trainer_threads:
             torch.set_num_threads(cfg.run.trainer_threads)
         policy = from_pretrained(init_checkpoint, dtype=torch.float32)
-        self.trainer = make_trainer(policy, with_decay(cfg.trainer, oc.steps), temperature=cfg.engine.temperature,
+        self.trainer = make_trainer(policy, with_decay(cfg.trainer, oc.steps), cfg.sharding, temperature=cfg.engine.temperature,
                                     numerics=cfg.engine.numerics)  # processes > 1: FSDP2 handle
         self.fresh_optimizer = (copy.deepcopy(self.trainer.optimizer.state_dict())
                                 if hasattr(self.trainer, "optimizer") else None)

@@ -1,5 +1,5 @@
-"""FSDP2 sharding settings, shared by the RL trainer ([trainer.sharding]) and `tidal pretrain`,
-which uses the same section."""
+"""FSDP2 sharding settings ([sharding]): a section of its own because the RL trainer and
+`tidal pretrain` both shard by it."""
 
 from typing import Literal
 

@@ -4,7 +4,7 @@ Every failure to meet is a ``RendezvousError`` within ``timeout_s``: missing env
 variables at once, an unreachable master after the timeout (the TCP store's connect timeout),
 never a hang. Nothing has to divide: FSDP2 pads dim 0 of every parameter, and the batch split
 pads the short ranks with untrained rows (sharded/trainer.py). A torchrun world size other than
-``trainer.sharding.processes`` is a ``WorldSizeError``.
+``sharding.processes`` is a ``WorldSizeError``.
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ def env_rendezvous() -> dict:
     missing = [k for k in ENV if k not in os.environ]
     if missing:
         raise RendezvousError(
-            f"trainer.sharding.launcher = 'torchrun' but {', '.join(missing)} "
+            f"sharding.launcher = 'torchrun' but {', '.join(missing)} "
             f"{'is' if len(missing) == 1 else 'are'} not set; start with `torchrun --nproc-per-node N "
-            "-m tidal ...`, or use trainer.sharding.launcher = 'spawn'")
+            "-m tidal ...`, or use sharding.launcher = 'spawn'")
     return {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"]),
             "master_addr": os.environ["MASTER_ADDR"], "master_port": int(os.environ["MASTER_PORT"])}
 
@@ -82,7 +82,7 @@ def init_group(rank: int, world_size: int, master_addr: str, master_port: int,
             f"rank {rank} of {world_size} could not meet the others at {master_addr}:{master_port} "
             f"within {timeout_s:g} s ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else e}); "
             "check that every rank was started and MASTER_ADDR/MASTER_PORT name rank 0's host and a "
-            "free port, or raise trainer.sharding.timeout_s") from None
+            "free port, or raise sharding.timeout_s") from None
     if backend == "nccl":
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
@@ -103,7 +103,7 @@ def torchrun_group(sharding) -> Group:
     env = env_rendezvous()
     if env["world_size"] != sharding.processes:
         raise WorldSizeError(f"torchrun started {env['world_size']} processes but "
-                             f"trainer.sharding.processes = {sharding.processes}; make them equal")
+                             f"sharding.processes = {sharding.processes}; make them equal")
     return init_group(**env, backend=sharding.backend, timeout_s=sharding.timeout_s)
 
 

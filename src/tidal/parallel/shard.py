@@ -37,9 +37,9 @@ def shard_model(model: nn.Module, cfg: ShardingConfig, deterministic: bool = Fal
     units, so the reduce-scatter must sum, not average."""
     if deterministic and cfg.activation_checkpointing:
         raise UserError(
-            "trainer.sharding.activation_checkpointing needs the module forward, but "
+            "sharding.activation_checkpointing needs the module forward, but "
             "engine.numerics = 'deterministic' runs the fused forward; set engine.numerics = "
-            "'fast' or trainer.sharding.activation_checkpointing = false")
+            "'fast' or sharding.activation_checkpointing = false")
     model.float()
     policy = mp_policy(cfg)
     if not deterministic:

@@ -58,12 +58,12 @@ def pretrain(cfg, out_dir: str | Path, docs: list[str] | None = None, progress: 
     ``rows``: (ids [N, seq_len] long, loss_mask [N, seq_len] float, 1 = train on predicting
     this token) instead of packed documents."""
     strict = mkl_cnr.enable_strict()  # first: MKL fixes its mode at its first call
-    if cfg.trainer.sharding.processes > 1:
+    if cfg.sharding.processes > 1:
         from tidal.pretrain.sharded import pretrain_sharded
 
         if rows is not None:
             raise ValueError("sharded mid-training packs documents; demonstration rows need "
-                             "trainer.sharding.processes = 1")
+                             "sharding.processes = 1")
         return pretrain_sharded(cfg, Path(out_dir), docs, progress, _pretrain)
     with torch_threads(cfg.run.pretrain_threads):
         return _pretrain(cfg, Path(out_dir), docs, progress, rows, thread_invariant=strict)
@@ -114,7 +114,7 @@ def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool, rows,
     if group is not None:
         from tidal.parallel.shard import shard_model
 
-        shard_model(model, cfg.trainer.sharding)
+        shard_model(model, cfg.sharding)
     optimizer = make_optimizer(model, pc)
     batches = shuffled_batches(torch.arange(len(ids)), pc.batch_size, cfg.run.seed)
     tokens = 0  # predicted positions run so far (rows x (width - 1))

@@ -1,4 +1,4 @@
-"""Mid-training over ``trainer.sharding.processes`` ranks with FSDP2: the RL trainer's sharding
+"""Mid-training over ``sharding.processes`` ranks with FSDP2: the RL trainer's sharding
 (tidal.parallel), the same loop (loop.py), each rank on its slice of every batch.
 
     rank 0 (this process) ┐  same seed: same model, same shuffled batch indices on every rank
@@ -9,7 +9,7 @@
     at the end: rank 0 gathers the weights one parameter at a time and saves the HF folder
 
 Launch: "spawn" starts ranks 1..N-1 from this process (one machine); "torchrun" takes the ranks
-torchrun started (`torchrun --nproc-per-node N -m tidal pretrain ... --trainer.sharding.launcher
+torchrun started (`torchrun --nproc-per-node N -m tidal pretrain ... --sharding.launcher
 torchrun`), where every rank runs the CLI and only rank 0 writes.
 """
 
@@ -36,17 +36,17 @@ JOIN_TIMEOUT_S = 60.0
 
 def check_batch(cfg) -> None:
     """pretrain.batch_size must split evenly: every rank trains the same rows per step."""
-    n, b = cfg.trainer.sharding.processes, cfg.pretrain.batch_size
+    n, b = cfg.sharding.processes, cfg.pretrain.batch_size
     if b % n:
         raise WorldSizeError(
-            f"pretrain.batch_size = {b} rows cannot be split evenly over trainer.sharding.processes "
+            f"pretrain.batch_size = {b} rows cannot be split evenly over sharding.processes "
             f"= {n}; make pretrain.batch_size a multiple of {n}, or change the processes")
 
 
 def pretrain_sharded(cfg, out_dir: Path, docs: list[str] | None, progress: bool, train) -> Path:
     """Run the sharded mid-training; returns the saved model folder (written by rank 0).
     ``train``: each rank's training loop (loop._pretrain, handed in: loop.py dispatches here)."""
-    sharding = cfg.trainer.sharding
+    sharding = cfg.sharding
     check_batch(cfg)
     if sharding.launcher == "torchrun":
         group = torchrun_group(sharding)
@@ -69,7 +69,7 @@ def pretrain_sharded(cfg, out_dir: Path, docs: list[str] | None, progress: bool,
 
 def rank_threads(cfg) -> int:
     """Threads per rank: run.pretrain_threads, or (0 = tuned) this machine's cores shared out."""
-    n = cfg.trainer.sharding.processes
+    n = cfg.sharding.processes
     return cfg.run.pretrain_threads or max(1, (os.cpu_count() or 1) // n)
 
 
@@ -77,7 +77,7 @@ def _spawned_rank(cfg, out_dir: Path, docs, rank: int, world: int, port: int, tr
     from tidal.numerics import mkl_cnr
 
     mkl_cnr.enable_strict()
-    sharding = cfg.trainer.sharding
+    sharding = cfg.sharding
     group = init_group(rank, world, "127.0.0.1", port, backend=sharding.backend, timeout_s=sharding.timeout_s)
     _run_rank(cfg, out_dir, docs, False, group, train)
 

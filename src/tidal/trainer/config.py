@@ -4,7 +4,6 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tidal.parallel.config import ShardingConfig
 from tidal.config_section import DtypeName, Section
 
 
@@ -116,8 +115,6 @@ class TrainerConfig(Section):
     trainer's router in both replay modes and counted as ``replay_filled_positions``."""
     off_policy: OffPolicyConfig = OffPolicyConfig()
     """Off-policy correction of the loss ([trainer.off_policy])."""
-    sharding: ShardingConfig = ShardingConfig()
-    """FSDP2 sharding of the trainer over several processes ([trainer.sharding]; 1 = none)."""
 
     @model_validator(mode="after")
     def _check_dual_clip(self) -> "TrainerConfig":

@@ -84,7 +84,7 @@ def check_checkpoint(path: str | Path) -> Path:
     if not (path / DCP_DIR).is_dir():
         raise TrainerCheckpointError(
             f"checkpoint {path} has no {DCP_DIR}/ folder: it was saved by the unsharded trainer; "
-            "resume it with trainer.sharding.processes = 1")
+            "resume it with sharding.processes = 1")
     return path
 
 

@@ -36,6 +36,7 @@ from tidal.parallel.group import (
     init_group,
     torchrun_group,
 )
+from tidal.parallel.config import ShardingConfig
 from tidal.parallel.shard import shard_model
 from tidal.trainer.config import TrainerConfig
 from tidal.trainer.sharded.checkpoint import (
@@ -56,6 +57,7 @@ class Spec:
 
     model: ModelConfig
     trainer: TrainerConfig
+    sharding: ShardingConfig
     temperature: float
     pad_id: int
     numerics: str
@@ -66,7 +68,7 @@ def build_rank(spec: Spec, group: Group, source: CausalLM | None) -> ShardedTrai
     0's ``source`` weights are scattered into the shards."""
     with torch.device("meta"):
         model = CausalLM(spec.model)
-    shard_model(model, spec.trainer.sharding, deterministic=spec.numerics == "deterministic")
+    shard_model(model, spec.sharding, deterministic=spec.numerics == "deterministic")
     model.to_empty(device=group.device)
     scatter_from(model, source)
     return ShardedTrainer(model, spec.trainer, group, spec.temperature, spec.pad_id, spec.numerics)
@@ -138,7 +140,7 @@ def follow(spec: Spec, group: Group) -> None:
 
 def _spawned(index: int, world: int, port: int, spec: Spec, threads: int) -> None:
     torch.set_num_threads(threads)  # as many as the driver's rank 0 uses
-    sharding = spec.trainer.sharding
+    sharding = spec.sharding
     group = init_group(index + 1, world, "127.0.0.1", port, sharding.backend, sharding.timeout_s)
     follow(spec, group)
 
@@ -151,11 +153,10 @@ class ShardedTrainerHandle:
     processes - 1 followers on this machine and hosts the rendezvous on a free local port.
     """
 
-    def __init__(self, model: CausalLM, cfg: TrainerConfig, temperature: float = 1.0, pad_id: int = 0,
-                 numerics: str = DEFAULT_NUMERICS, group: Group | None = None):
-        sharding = cfg.sharding
+    def __init__(self, model: CausalLM, cfg: TrainerConfig, sharding: ShardingConfig, temperature: float = 1.0,
+                 pad_id: int = 0, numerics: str = DEFAULT_NUMERICS, group: Group | None = None):
         self.model, self.cfg, self.pad_id = model, cfg, pad_id
-        spec = Spec(model.config, cfg, temperature, pad_id, numerics)
+        spec = Spec(model.config, cfg, sharding, temperature, pad_id, numerics)
         self.followers = None
         if group is None:
             port = free_port()
@@ -216,18 +217,18 @@ class ShardedTrainerHandle:
         self.group = None
 
 
-def make_trainer(model: CausalLM, cfg: TrainerConfig, temperature: float = 1.0, pad_id: int = 0,
-                 numerics: str = DEFAULT_NUMERICS):
-    """The trainer a driver uses: the in-process Trainer (processes = 1, unchanged), or rank 0's
-    handle; on a torchrun rank != 0 this runs the follower loop and exits the process."""
-    sharding = cfg.sharding
+def make_trainer(model: CausalLM, cfg: TrainerConfig, sharding: ShardingConfig | None = None,
+                 temperature: float = 1.0, pad_id: int = 0, numerics: str = DEFAULT_NUMERICS):
+    """The trainer a driver uses: the in-process Trainer (no ``sharding`` or processes = 1), or
+    rank 0's handle; on a torchrun rank != 0 this runs the follower loop and exits the process."""
+    sharding = sharding or ShardingConfig()
     if sharding.processes == 1:
         return Trainer(model, cfg, temperature=temperature, pad_id=pad_id, numerics=numerics)
     if sharding.launcher == "spawn":
-        return ShardedTrainerHandle(model, cfg, temperature, pad_id, numerics)
+        return ShardedTrainerHandle(model, cfg, sharding, temperature, pad_id, numerics)
     group = torchrun_group(sharding)
-    spec = Spec(model.config, cfg, temperature, pad_id, numerics)
+    spec = Spec(model.config, cfg, sharding, temperature, pad_id, numerics)
     if group.rank != 0:
         follow(spec, group)
         sys.exit(0)
-    return ShardedTrainerHandle(model, cfg, temperature, pad_id, numerics, group=group)
+    return ShardedTrainerHandle(model, cfg, sharding, temperature, pad_id, numerics, group=group)

@@ -40,7 +40,7 @@ class ShardedTrainer(Trainer):
                  numerics: str = "fast"):
         if cfg.kl_coef > 0 and cfg.kl_reference == "initial":
             raise UserError("trainer.kl_reference = 'initial' is not supported with "
-                            "trainer.sharding.processes > 1 (the frozen reference would need its "
+                            "sharding.processes > 1 (the frozen reference would need its "
                             "own sharding); use kl_reference = 'behaviour', or one process")
         super().__init__(model, cfg, temperature=temperature, pad_id=pad_id, numerics=numerics)
         self.group = group
