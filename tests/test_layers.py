@@ -214,3 +214,49 @@ def test_every_long_function_is_explained_in_the_design():
                 if lines > MAX_FUNCTION_LINES and where not in design.replace("\n", " "):
                     unexplained.append(f"{where} ({lines} lines)")
     assert unexplained == []
+
+
+SECTIONS = {"run", "model", "engine", "env", "harness", "trainer", "sharding", "pretrain", "orchestrator",
+            "sync", "fleet", "online"}
+"""The run config's sections (tidal.config)."""
+
+COMPOSITION_ROOTS = {"cli", "__main__", "bench", "config", "orchestrator", "online", "fleet"}
+"""Who composes a run from all its sections, so may hold the whole run config: the command line,
+the benchmarks, the config itself, the RL run (orchestrator), the online run (online) and the
+run spread over pools (fleet). Every other component takes its own section or a typed view."""
+
+
+def _run_config_params(fn: ast.FunctionDef) -> list[str]:
+    """Parameters that are the whole run config: annotated so, or unannotated and read for two
+    or more of its sections (a view is annotated with its own class)."""
+    out = []
+    for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs:
+        annotation = ast.unparse(a.annotation) if a.annotation else ""
+        read = {n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                and n.value.id == a.arg and n.attr in SECTIONS}
+        if a.arg != "self" and ("TidalConfig" in annotation or "CoreConfig" in annotation
+                                or (not annotation and len(read) >= 2)):
+            out.append(a.arg)
+    return out
+
+
+def whole_config_takers(tree: ast.AST, where: str) -> list[str]:
+    """Functions of ``tree`` that take the whole run config, other than a view's ``of``."""
+    return [f"{where}: {fn.name}({name})" for fn in ast.walk(tree)
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name != "of"
+            for name in _run_config_params(fn)]
+
+
+def test_components_take_their_own_section_or_a_view_not_the_run_config():
+    takers = []
+    for module, path in MODULES.items():
+        if package(module) not in COMPOSITION_ROOTS:
+            takers += whole_config_takers(ast.parse(path.read_text()), module)
+    assert takers == []
+
+
+def test_the_whole_config_check_finds_a_taker():
+    tree = ast.parse("def build(cfg):\n    return cfg.engine.x, cfg.model.y\n"
+                     "def narrow(cfg: 'EngineConfig'):\n    return cfg.remote\n"
+                     "def hub(cfg: 'TidalConfig'):\n    return cfg\n")
+    assert whole_config_takers(tree, "m") == ["m: build(cfg)", "m: hub(cfg)"]

@@ -18,7 +18,7 @@ from tidal.bench.online_server import free_port
 from tidal.config import load_config
 from tidal.engine import GenerationRequest
 from tidal.engine.remote import kinds
-from tidal.engine.remote.build import remote_engine
+from tidal.engine.remote.build import RemoteSetup, remote_engine
 from tidal.engine.vllm_server import VllmServer, VllmServerError, vllm_command
 from tidal.model.checkpoint import from_pretrained, save_pretrained
 from tidal.model.presets import preset
@@ -62,7 +62,7 @@ def test_the_command_line_serves_the_folder_with_tidals_logprob_convention(tmp_p
 def test_a_launched_server_generates_reloads_new_versions_and_is_restarted_when_it_dies(
         tmp_path, checkpoint):
     cfg = config(tmp_path, free_port())
-    engine = remote_engine(cfg, str(checkpoint), "")
+    engine = remote_engine(RemoteSetup.of(cfg), str(checkpoint), "")
     try:
         server = engine.supervisor
         assert server.healthy() and (tmp_path / "served" / "config.json").is_file()
@@ -106,7 +106,7 @@ def test_a_server_that_cannot_start_is_a_clear_error(tmp_path, checkpoint):
         server.start()
     cfg = config(tmp_path, free_port(), launch_command=json.dumps(["no-such-vllm-binary"]))
     with pytest.raises(VllmServerError, match="pip install tidal\\[vllm\\]"):
-        remote_engine(cfg, str(checkpoint), "")
+        remote_engine(RemoteSetup.of(cfg), str(checkpoint), "")
 
 
 def test_vllm_and_sglang_replies_map_to_tidals_finish_reasons():

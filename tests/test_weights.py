@@ -31,10 +31,10 @@ def newest(source: WeightSource, version: int, timeout_s: float = 10.0) -> int |
 def test_a_published_version_loads_through_the_protocol(tmp_path, transport):
     cfg = cfg_with("--sync.transport", transport, "--model.dtype", "float32", "--trainer.dtype", "float32")
     model = build_model(cfg.model, seed=0)
-    publisher = open_weight_publisher(cfg, tmp_path / "weights")
+    publisher = open_weight_publisher(cfg.sync, tmp_path / "weights", cfg.model.dtype)
     assert isinstance(publisher, WeightPublisher) and isinstance(publisher.address, str)
     try:
-        source = open_weight_source(cfg, publisher.address)
+        source = open_weight_source(cfg.sync, publisher.address)
         assert isinstance(source, WeightSource)
         assert publisher.latest_version() is None and source.latest_version() is None
         publisher.publish(model, 0)

@@ -66,9 +66,9 @@ class RemoteRolloutWorker(RolloutWorker):
         version = self._first_version()
         model = copy.deepcopy(self.store.load(version, self.dtype))  # the puller's arrays change later
         if cfg.engine.backend == "remote":  # an OpenAI-compatible server generates (docs/scale.md)
-            from tidal.engine.remote.build import build_remote
+            from tidal.engine.remote.build import RemoteSetup, build_remote
 
-            self.engine = build_remote(cfg, model.config, load_tokenizer(tokenizer_dir),
+            self.engine = build_remote(RemoteSetup.of(cfg), model.config, load_tokenizer(tokenizer_dir),
                                        weight_urls[0], first_model=model)
         else:
             self.engine = Engine(model, load_tokenizer(tokenizer_dir), cfg.engine, version=version)

@@ -25,14 +25,15 @@ from tidal.orchestrator.topology import PoolConfig, capacity_at
 from tidal.orchestrator.worker import Assignment, RolloutResult
 
 if TYPE_CHECKING:
-    from tidal.config import TidalConfig
+    from tidal.orchestrator.config import OrchestratorConfig
+    from tidal.orchestrator.topology import FleetConfig
 
 
 class Simulation(SimWorld):
-    """One simulated run of ``cfg`` under ``model`` (``run()`` once)."""
+    """One simulated run under ``model`` (``run()`` once)."""
 
-    def __init__(self, cfg: TidalConfig, model: SimModel, steps: int, seed: int):
-        super().__init__(cfg, model)
+    def __init__(self, oc: OrchestratorConfig, fleet: FleetConfig, model: SimModel, steps: int, seed: int):
+        super().__init__(oc, fleet, model)
         self.seed = seed
         self.table = LeaseTable(self.fleet.lease_s)
         self.sched = Scheduler(self._plan, [], steps, self.oc.max_staleness, 0, 0.0)

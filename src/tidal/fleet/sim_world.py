@@ -16,7 +16,8 @@ from tidal.orchestrator.worker import Assignment, RolloutResult
 from tidal.sync.pull import predict_delivery_s
 
 if TYPE_CHECKING:
-    from tidal.config import TidalConfig
+    from tidal.orchestrator.config import OrchestratorConfig
+    from tidal.orchestrator.topology import FleetConfig
 
 
 @dataclass
@@ -82,12 +83,13 @@ class SimWorker:
 
 
 class SimWorld:
-    """The fleet of ``cfg`` under ``model``: its pools, regions and the routes between them, the
-    workers it has (filled by the simulation), and the seconds a delivery or upload takes."""
+    """The fleet of a run (its [orchestrator] and [fleet] sections) under ``model``: its pools,
+    regions and the routes between them, the workers it has (filled by the simulation), and the
+    seconds a delivery or upload takes."""
 
-    def __init__(self, cfg: TidalConfig, model: SimModel):
-        self.cfg, self.model = cfg, model
-        self.oc, self.fleet = cfg.orchestrator, cfg.fleet
+    def __init__(self, oc: OrchestratorConfig, fleet: FleetConfig, model: SimModel):
+        self.model = model
+        self.oc, self.fleet = oc, fleet
         self.pools = self.fleet.pools_or_default(self.oc.num_workers)
         self.regions = {r.name: r for r in self.fleet.regions}
         self.routes = {r: self._route(r) for r in self.regions}

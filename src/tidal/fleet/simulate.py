@@ -55,7 +55,7 @@ EXAMPLES = ("local", "global")
 def simulate_config(cfg: TidalConfig, model: SimModel, steps: int, seed: int) -> SimResult:
     """Simulate ``steps`` trainer steps of ``cfg``'s run (its [orchestrator] and [fleet]) under
     ``model``; deterministic given the arguments."""
-    return Simulation(cfg, model, steps, seed).run()
+    return Simulation(cfg.orchestrator, cfg.fleet, model, steps, seed).run()
 
 
 def example_path(name: str) -> Path:

@@ -109,7 +109,8 @@ class Run:
         self.stopped: GuardEvent | None = None
         """The guard event that ended RL (policy stop), if one did."""
         self._saved_step: int | None = None
-        self.store: WeightPublisher = open_weight_publisher(cfg, run_dir / "weights")
+        self.store: WeightPublisher = open_weight_publisher(
+            cfg.sync, run_dir / "weights", cfg.model.dtype, listen=cfg.fleet.listen)
         self.state = RunState()
         self.before: EvalRecord | None = None
         """The evaluation before RL (this run's, or the resumed run's first)."""

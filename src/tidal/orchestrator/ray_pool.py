@@ -102,7 +102,7 @@ class RayPool(ElasticPool):
             options = {"num_cpus": 0, "resources": {self.resource: 1}}
         from tidal.engine.remote.build import key_environment
 
-        if keys := key_environment(worker_args[0]):  # a Ray cluster's workers lack our env
+        if keys := key_environment(worker_args[0].engine):  # a Ray cluster's workers lack our env
             options["runtime_env"] = {"env_vars": keys}
         self._actor_cls = ray.remote(RayWorker).options(max_restarts=0, **options)
         self.nodes: dict[int, dict] = {}

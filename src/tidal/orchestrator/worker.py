@@ -75,14 +75,14 @@ class RolloutWorker:
         self.worker_id = worker_id
         self.dtype = getattr(torch, cfg.model.dtype)
         if cfg.engine.backend == "remote":  # an OpenAI-compatible server generates (docs/scale.md)
-            from tidal.engine.remote.build import remote_engine
+            from tidal.engine.remote.build import RemoteSetup, remote_engine
 
-            self.engine = remote_engine(cfg, init_checkpoint, weights_root)
+            self.engine = remote_engine(RemoteSetup.of(cfg), init_checkpoint, weights_root)
         else:
             model = from_pretrained(init_checkpoint, dtype=self.dtype)
             self.engine = Engine(model, load_tokenizer(init_checkpoint), cfg.engine, version=0)
         self.env = from_config(cfg.env, Sandbox(cfg.env.sandbox))
-        self.store = open_weight_source(cfg, weights_root)
+        self.store = open_weight_source(cfg.sync, weights_root)
         self.in_flight_updates = cfg.orchestrator.in_flight_updates
 
     def rollout(self, assignment: Assignment) -> RolloutResult:

@@ -22,6 +22,7 @@ from pathlib import Path
 import tidal
 from tidal.model.checkpoint import COMPLETE_MARKER
 from tidal.pretrain.loop import MODEL_DIR, pretrain, pretrain_in_child
+from tidal.pretrain.view import MidTrainingView
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,11 @@ NOT_HASHED = {"pretrain": {"cache_dir", "log_every"}}
 def cache_key(cfg, env=None) -> str:
     """12 hex digits identifying the pretrained weights ``cfg`` would produce (``env``: the run's
     EnvironmentSpec, already built; None = built here to read its corpus_version)."""
-    return hashlib.sha256(json.dumps(_hashed(cfg, env), sort_keys=True).encode()).hexdigest()[:12]
+    return _key(_hashed(MidTrainingView.of(cfg), env))
+
+
+def _key(hashed: dict) -> str:
+    return hashlib.sha256(json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def cached_pretrained(cfg, progress: bool = True, child_env: dict | None = None, env=None) -> Path:
@@ -40,7 +45,9 @@ def cached_pretrained(cfg, progress: bool = True, child_env: dict | None = None,
     ``child_env``: pretrain in a spawned child process whose environment has these changes (a
     value None removes the variable; see loop.pretrain_in_child); None = in this process.
     ``env``: the run's EnvironmentSpec where the caller built it (see cache_key)."""
-    root = Path(cfg.pretrain.cache_dir) / cache_key(cfg, env)
+    view = MidTrainingView.of(cfg)
+    hashed = _hashed(view, env)
+    root = Path(view.pretrain.cache_dir) / _key(hashed)
     model_dir = root / MODEL_DIR
     if (model_dir / COMPLETE_MARKER).is_file():
         log.info("reusing pretrained model %s", model_dir)
@@ -49,17 +56,17 @@ def cached_pretrained(cfg, progress: bool = True, child_env: dict | None = None,
     staging = root.parent / f".{root.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         if child_env is None:
-            pretrain(cfg, staging, progress=progress)
+            pretrain(view, staging, progress=progress)
         else:
-            pretrain_in_child(cfg, staging, child_env, progress=progress)
-        (staging / "tidal_config.json").write_text(json.dumps(_hashed(cfg, env), indent=2, sort_keys=True) + "\n")
+            pretrain_in_child(view, staging, child_env, progress=progress)
+        (staging / "tidal_config.json").write_text(json.dumps(hashed, indent=2, sort_keys=True) + "\n")
         _publish(staging, root)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return model_dir
 
 
-def _hashed(cfg, env=None) -> dict:
+def _hashed(cfg: MidTrainingView, env=None) -> dict:
     files = bool(cfg.pretrain.corpus)
     unused = {"corpus_docs"} if files else set()
     return {

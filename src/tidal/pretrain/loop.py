@@ -39,6 +39,7 @@ from tidal.model import build_model, from_pretrained, load_tokenizer, save_pretr
 from tidal.numerics import mkl_cnr
 from tidal.pretrain.config import PretrainConfig
 from tidal.pretrain.corpus import load_corpus, pack
+from tidal.pretrain.view import MidTrainingView
 from tidal.telemetry.progress import progress_bar
 
 log = logging.getLogger(__name__)
@@ -53,20 +54,21 @@ anneals against the clock (so a run cut by its budget ends at the low learning r
 
 def pretrain(cfg, out_dir: str | Path, docs: list[str] | None = None, progress: bool = True,
              rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> Path:
-    """Mid-train the model of ``cfg`` (a TidalConfig); returns the saved model folder,
+    """Mid-train the model of ``cfg`` (a run config or its MidTrainingView); returns the saved model folder,
     ``out_dir/model`` (a Hugging Face folder with the tokenizer, written atomically).
     ``rows``: (ids [N, seq_len] long, loss_mask [N, seq_len] float, 1 = train on predicting
     this token) instead of packed documents."""
     strict = mkl_cnr.enable_strict()  # first: MKL fixes its mode at its first call
-    if cfg.sharding.processes > 1:
+    view = MidTrainingView.of(cfg)
+    if view.sharding.processes > 1:
         from tidal.pretrain.sharded import pretrain_sharded
 
         if rows is not None:
             raise ValueError("sharded mid-training packs documents; demonstration rows need "
                              "sharding.processes = 1")
-        return pretrain_sharded(cfg, Path(out_dir), docs, progress, _pretrain)
-    with torch_threads(cfg.run.pretrain_threads):
-        return _pretrain(cfg, Path(out_dir), docs, progress, rows, thread_invariant=strict)
+        return pretrain_sharded(view, Path(out_dir), docs, progress, _pretrain)
+    with torch_threads(view.run.pretrain_threads):
+        return _pretrain(view, Path(out_dir), docs, progress, rows, thread_invariant=strict)
 
 
 def pretrain_in_child(cfg, out_dir: str | Path, env: dict[str, str | None],
@@ -75,10 +77,11 @@ def pretrain_in_child(cfg, out_dir: str | Path, env: dict[str, str | None],
     one's with ``env``'s changes (None removes a variable): settings read once when a library
     loads, such as OpenMP's OMP_WAIT_POLICY, then differ from this process's. Its errors are
     raised here."""
+    view = MidTrainingView.of(cfg)  # the child gets the view, not the run
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
         with _environ(env):  # the child copies the environment when it starts, at submit
-            future = pool.submit(pretrain, cfg, out_dir, progress=progress)
+            future = pool.submit(pretrain, view, out_dir, progress=progress)
         return future.result()
 
 
@@ -101,7 +104,7 @@ def _set_environ(values: dict[str, str | None]) -> None:
             os.environ[k] = v
 
 
-def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool, rows,
+def _pretrain(cfg: MidTrainingView, out_dir: Path, docs: list[str] | None, progress: bool, rows,
               thread_invariant: bool, group=None) -> Path:
     """The loop; with ``group`` (a tidal.parallel Group) this process is one rank of the
     sharded run (sharded.py): its slice of each batch, the clock and the loss agreed by all."""
@@ -158,13 +161,13 @@ def _pretrain(cfg, out_dir: Path, docs: list[str] | None, progress: bool, rows,
     return _save(cfg, model, out_dir / MODEL_DIR, tokenizer, group)
 
 
-def _packed_rows(cfg, docs: list[str] | None, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+def _packed_rows(cfg: MidTrainingView, docs: list[str] | None, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
     """The corpus (``docs``, or the configured one) packed into rows, every position trained."""
     packed = pack(docs if docs is not None else corpus_documents(cfg), tokenizer, cfg.pretrain.seq_len)
     return packed, torch.ones(packed.shape)
 
 
-def _save(cfg, model: torch.nn.Module, model_dir: Path, tokenizer, group) -> Path:
+def _save(cfg: MidTrainingView, model: torch.nn.Module, model_dir: Path, tokenizer, group) -> Path:
     """Write the trained model in model.dtype (rank 0 of a sharded run, after gathering it);
     every rank returns once the folder is there."""
     lead = group is None or group.rank == 0
@@ -180,7 +183,7 @@ def _save(cfg, model: torch.nn.Module, model_dir: Path, tokenizer, group) -> Pat
     return model_dir
 
 
-def _gathered(cfg, sharded: torch.nn.Module, lead: bool) -> torch.nn.Module | None:
+def _gathered(cfg: MidTrainingView, sharded: torch.nn.Module, lead: bool) -> torch.nn.Module | None:
     """Collective: the sharded model's full weights in a plain model on rank 0 (None elsewhere),
     gathered one parameter at a time."""
     from tidal.parallel.gather import gather_into
@@ -293,19 +296,21 @@ def torch_threads(n: int):
 def corpus_documents(cfg) -> list[str]:
     """pretrain.corpus files if set, else the selected environment's own corpus (its
     build_corpus: training split only, built without a sandbox)."""
-    if cfg.pretrain.corpus:
-        return load_corpus(cfg.pretrain.corpus)
+    view = MidTrainingView.of(cfg)
+    if view.pretrain.corpus:
+        return load_corpus(view.pretrain.corpus)
     from tidal.env import environment_corpus  # lazy: environments import their families
 
-    return environment_corpus(cfg.env, cfg.pretrain.corpus_docs, cfg.run.seed)
+    return environment_corpus(view.env, view.pretrain.corpus_docs, view.run.seed)
 
 
 def initial_model(cfg) -> torch.nn.Module:
     """model.init_from's checkpoint, or a fresh model seeded by run.seed; trained in fp32
     whatever model.dtype says (the dtype is applied when saving)."""
-    if cfg.model.init_from:
-        return from_pretrained(cfg.model.init_from, dtype="float32")
-    return build_model(cfg.model.model_copy(update={"dtype": "float32"}), seed=cfg.run.seed)
+    view = MidTrainingView.of(cfg)
+    if view.model.init_from:
+        return from_pretrained(view.model.init_from, dtype="float32")
+    return build_model(view.model.model_copy(update={"dtype": "float32"}), seed=view.run.seed)
 
 
 def make_optimizer(model: torch.nn.Module, pc: PretrainConfig) -> torch.optim.AdamW:

@@ -29,12 +29,13 @@ from tidal.parallel.group import (
     init_group,
     torchrun_group,
 )
+from tidal.pretrain.view import MidTrainingView
 
 JOIN_TIMEOUT_S = 60.0
 """How long rank 0 waits for a spawned rank to exit after the run (they only return)."""
 
 
-def check_batch(cfg) -> None:
+def check_batch(cfg: MidTrainingView) -> None:
     """pretrain.batch_size must split evenly: every rank trains the same rows per step."""
     n, b = cfg.sharding.processes, cfg.pretrain.batch_size
     if b % n:
@@ -43,7 +44,7 @@ def check_batch(cfg) -> None:
             f"= {n}; make pretrain.batch_size a multiple of {n}, or change the processes")
 
 
-def pretrain_sharded(cfg, out_dir: Path, docs: list[str] | None, progress: bool, train) -> Path:
+def pretrain_sharded(cfg: MidTrainingView, out_dir: Path, docs: list[str] | None, progress: bool, train) -> Path:
     """Run the sharded mid-training; returns the saved model folder (written by rank 0).
     ``train``: each rank's training loop (loop._pretrain, handed in: loop.py dispatches here)."""
     sharding = cfg.sharding
@@ -67,13 +68,13 @@ def pretrain_sharded(cfg, out_dir: Path, docs: list[str] | None, progress: bool,
                 p.kill()
 
 
-def rank_threads(cfg) -> int:
+def rank_threads(cfg: MidTrainingView) -> int:
     """Threads per rank: run.pretrain_threads, or (0 = tuned) this machine's cores shared out."""
     n = cfg.sharding.processes
     return cfg.run.pretrain_threads or max(1, (os.cpu_count() or 1) // n)
 
 
-def _spawned_rank(cfg, out_dir: Path, docs, rank: int, world: int, port: int, train) -> None:
+def _spawned_rank(cfg: MidTrainingView, out_dir: Path, docs, rank: int, world: int, port: int, train) -> None:
     from tidal.numerics import mkl_cnr
 
     mkl_cnr.enable_strict()
@@ -82,7 +83,7 @@ def _spawned_rank(cfg, out_dir: Path, docs, rank: int, world: int, port: int, tr
     _run_rank(cfg, out_dir, docs, False, group, train)
 
 
-def _run_rank(cfg, out_dir: Path, docs, progress: bool, group: Group, train) -> Path:
+def _run_rank(cfg: MidTrainingView, out_dir: Path, docs, progress: bool, group: Group, train) -> Path:
     torch.set_num_threads(rank_threads(cfg))
     try:
         return train(cfg, out_dir, docs, progress, None, thread_invariant=True, group=group)

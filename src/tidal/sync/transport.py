@@ -198,19 +198,19 @@ class HttpWeightSource(WeightSource):
 
 # ── Opening the configured one ────────────────────────────────────────────────────────────────────
 
-def open_weight_publisher(cfg, root: Path) -> WeightPublisher:
-    """The driver's end of the configured transport (``cfg.sync.transport``), publishing in the
-    engines' dtype (``cfg.model.dtype``); its ``address`` is what workers open."""
-    if cfg.sync.transport == "filesystem":
+def open_weight_publisher(sync: SyncConfig, root: Path, dtype: str, listen: str = "") -> WeightPublisher:
+    """The driver's end of the configured transport (``sync.transport``), publishing in the
+    engines' dtype (model.dtype); its ``address`` is what workers open. ``listen``: the fleet
+    coordinator's host:port, where the origin listens too, so remote pools on other machines
+    reach the weights at the address they reach the run at (loopback when empty)."""
+    if sync.transport == "filesystem":
         return FilesystemWeightStore(root)
-    # the origin listens where the fleet's coordinator does (loopback by default), so remote
-    # pools on other machines reach the weights at the address they reach the run at
-    host = cfg.fleet.listen.rpartition(":")[0] or "127.0.0.1"
-    return HttpWeightPublisher(root, cfg.sync, cfg.model.dtype, host=host)
+    host = listen.rpartition(":")[0] or "127.0.0.1"
+    return HttpWeightPublisher(root, sync, dtype, host=host)
 
 
-def open_weight_source(cfg, address: str) -> WeightSource:
+def open_weight_source(sync: SyncConfig, address: str) -> WeightSource:
     """A worker's end of the configured transport, given the publisher's ``address``."""
-    if cfg.sync.transport == "filesystem":
+    if sync.transport == "filesystem":
         return FilesystemWeightStore(address)
-    return HttpWeightSource(address, cfg.sync)
+    return HttpWeightSource(address, sync)
