@@ -33,6 +33,8 @@ BENCHMARKS = {
              "RL of a pretrained model (a recipe's) through tidal vs TRL's GRPOTrainer: speed, gain, memory"),
     "harness": ("tidal.bench.harness_bench",
                 "an agent harness over the rollout gateway vs the same agent as a native environment: speed, gain, history match"),
+    "profile": ("tidal.bench.profile_bench",
+                "where the main job's time goes (mid-training, prefill, decode, RL trainer step) per op: deterministic vs fast"),
     "multiturn": ("tidal.bench.multiturn_bench",
                   "multi-turn rollout time with the engine's prefix cache vs prefilling every turn"),
 }
