@@ -507,3 +507,26 @@ def test_probe_catches_a_row_that_differs_only_when_alone():
 
     assert "1 row at offset 41" in probe.rows_invariant(op, x, (1,))
     assert probe.rows_invariant(lambda rows: rows * 2.0, x, (1,)) == ""
+
+
+def test_probe_catches_a_kernel_that_blocks_differently_in_a_trainer_sized_call(monkeypatch):
+    """A linear whose rows change only in calls above a few hundred rows (a GEMM that switches
+    blocking for the trainer's micro-batch x sequence rows) passes the small-slice check but not
+    the large-call one, and the probe then takes the next path."""
+    from tidal.numerics import probe
+    from tidal.numerics.ops import DeterministicLinear
+
+    plain = DeterministicLinear.__call__
+
+    def blocks_at_large_calls(self, x):
+        out = plain(self, x)
+        return out + 1e-3 if x.shape[0] > 1000 else out
+
+    x = torch.randn(probe.PROBE_BATCH, 8, generator=torch.Generator().manual_seed(0))
+    monkeypatch.setattr(DeterministicLinear, "__call__", blocks_at_large_calls)
+    linear = DeterministicLinear(torch.randn(4, 8), "onednn")
+    assert probe.rows_invariant(linear, x, (1,)) == ""  # the small slices cannot see it
+    large = torch.randn(probe.LARGE_ROWS, 8)
+    assert f"of a {probe.LARGE_ROWS}-row call" in probe.large_rows_invariant(linear, large, (1,))
+    monkeypatch.setattr(DeterministicLinear, "__call__", plain)
+    assert probe.large_rows_invariant(linear, large, (1,)) == ""

@@ -23,7 +23,8 @@ passes its check here is the one the engine and the trainer run:
 The check of an op: outputs for row slices of a batch (1..9, 15-17, 31-33, 63-65, 127-129 and
 more rows, at two offsets) equal the same rows of the whole batch's output, bit for bit, at one
 thread and at every thread count the processes may use (1, 2 and this process's), with the model's
-own shapes; a linear is checked on normal inputs and on inputs whose sums nearly cancel, where a
+own shapes; and the first and last rows of a call as large as the trainer's and the prefill's
+(``LARGE_ROWS``) equal a small call's; a linear is checked on normal inputs and on inputs whose sums nearly cancel, where a
 re-associated sum shows in a bf16 output ~100x more often (``cancelling_linear_inputs``). The
 order is fixed and the choice does not depend on timings, so every process on one machine
 chooses the same paths (the engine's actors and the trainer agree). The reduce linear (no GEMM:
@@ -32,31 +33,34 @@ the deterministic mode refuses to start (``DeterminismUnavailable``) instead of 
 "deterministic" while being wrong.
 
 Costs: each candidate's time per call at 16 rows is measured for ``tidal doctor``; it never
-decides anything. The whole probe takes ~0.3 s of one core per dtype on the tiny presets
+decides anything. The whole probe takes about a second per dtype on the tiny presets
 (docs/numerics.md) and is cached per (shapes, dtype, threads) for the process.
 """
 
 from __future__ import annotations
 
-import os
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-ROW_COUNTS = (1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 31, 33, 51, 57, 64, 65, 129)
-"""Row counts a probe compares against the whole batch: vector bodies and tails, GEMM block
-edges (7, 13, 51 and 57 rows are where bf16 ``F.linear`` broke on an Intel Xeon without native
-bf16), the MoE stacked route's limit (64) and typical decode batches."""
-OTHER_THREAD_COUNTS = (1, 7, 64)
-"""Row counts also checked at the other thread counts (the whole batch always is)."""
-PROBE_BATCH = 136
-"""Rows of the reference batch (>= the largest count + offset)."""
-OFFSETS = (0, 3)
-"""Where slices start: aligned and unaligned rows."""
+from tidal.numerics.invariance import (  # noqa: F401  (probe.<name> is where tests and docs look)
+    LARGE_ROWS,
+    PROBE_BATCH,
+    _each_thread_count,
+    _inputs,
+    _same_bits,
+    _time_us,
+    cancelling_linear_inputs,
+    large_rows,
+    large_rows_invariant,
+    probe_threads,
+    rows_invariant,
+)
 
-
+LONG_KEYS = 512
+"""Tokens of the sequences attention is also checked at (a trainer's rows are whole sequences,
+up to engine.max_seq_len, 256 by default; the default model's max_position_embeddings is 512):
+a query alone against a longer cache must equal its row of the batch's causal attention."""
 class DeterminismUnavailable(RuntimeError):
     """No candidate path of a deterministic op is batch-invariant on this machine."""
 
@@ -169,98 +173,9 @@ class NumericsPaths:
 # ------------------------------------------------------------------ the checks
 
 
-def probe_threads() -> tuple[int, ...]:
-    """Thread counts the check runs at: 1, 2 and all the CPUs (up to 16), the same in every
-    process of a machine so that they choose the same paths, plus this process's own count if it
-    is another (a process at an unusual count may then choose differently: the engine-vs-trainer
-    mismatch metrics would show it)."""
-    cpus = os.cpu_count() or 1
-    return tuple(sorted({1, min(2, cpus), min(cpus, 16), torch.get_num_threads()}))
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) and bool(
-        (torch.isnan(a) == torch.isnan(b)).all())
-
-
-def _each_thread_count(threads: tuple[int, ...]):
-    """Yield each thread count with torch set to it; restore the process's count after."""
-    before = torch.get_num_threads()
-    try:
-        for n in threads:
-            torch.set_num_threads(n)
-            yield n
-    finally:
-        torch.set_num_threads(before)
-
-
-def rows_invariant(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
-                   threads: tuple[int, ...]) -> str:
-    """'' if ``fn``'s output rows for every slice of ``x`` [R, ...] equal the whole batch's, at
-    every thread count; else what differed. Every row is also checked alone: a kernel can give
-    one row alone other bits than in a batch (a value-dependent last-bit difference) that slices
-    at two offsets never see, and decode (one row per sequence) then parts from the full
-    forward (docs/numerics.md)."""
-    full = None
-    with torch.no_grad():
-        for n in _each_thread_count(threads):
-            if full is None:
-                full = fn(x)
-            elif not _same_bits(fn(x), full):
-                return f"whole batch differs at {n} threads"
-            for rows in ROW_COUNTS if n == threads[0] else OTHER_THREAD_COUNTS:
-                for start in OFFSETS:
-                    if start + rows <= x.shape[0] and not _same_bits(
-                            fn(x[start : start + rows]), full[start : start + rows]):
-                        return f"{rows} rows at offset {start}, {n} threads"
-            if n == threads[0]:
-                for start in range(x.shape[0]):  # a decode step's one row, wherever it sits
-                    if not _same_bits(fn(x[start : start + 1]), full[start : start + 1]):
-                        return f"1 row at offset {start}, {n} threads"
-    return ""
-
-
-def _time_us(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> float:
-    with torch.no_grad():
-        fn(x)
-        best = float("inf")
-        for _ in range(3):
-            start = time.perf_counter()
-            for _ in range(5):
-                fn(x)
-            best = min(best, (time.perf_counter() - start) / 5)
-    return best * 1e6
-
-
-# ------------------------------------------------------------------ per-op probes
-
-
 def shape_name(shape: tuple[int, ...]) -> str:
     """A matrix shape as the records and lines name it: (192, 512) -> "192x512"."""
     return "x".join(map(str, shape))
-
-
-def _inputs(rows: int, width: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(rows, width, generator=g) * scale).to(dtype)
-
-
-def cancelling_linear_inputs(rows: int, out_dim: int, in_dim: int, dtype: torch.dtype,
-                             seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x [rows, in], weight [out, in]) whose dot products nearly cancel: x's second half repeats
-    its first, the weight's second half is minus its first plus 1% noise, so every output is a
-    small sum of large terms. Why: a kernel that re-associates its sum for some row counts changes
-    a bf16 output only where the fp32 rounding error reaches half a bf16 ulp: on plain normal
-    inputs to ~1e-4 of the outputs, so a non-invariant kernel can pass by luck; on these to
-    ~1e-2 (docs/numerics.md)."""
-    g = torch.Generator().manual_seed(seed)
-    half, rest = in_dim // 2, in_dim - 2 * (in_dim // 2)
-    x = torch.randn(rows, half, generator=g)
-    x = torch.cat((x, x, torch.randn(rows, rest, generator=g)), 1)
-    w = torch.randn(out_dim, half, generator=g)
-    w = torch.cat((w, 0.01 * torch.randn(out_dim, half, generator=g) - w,
-                   torch.randn(out_dim, rest, generator=g)), 1)
-    return x.to(dtype), w.to(dtype)
 
 
 def _probe_linear(dtype: torch.dtype, shapes: ProbeShapes, threads) -> ProbeResult:
@@ -285,6 +200,9 @@ def _probe_linear(dtype: torch.dtype, shapes: ProbeShapes, threads) -> ProbeResu
                                                      seed=out_dim * 7 + in_dim)
             failure = rows_invariant(DeterministicLinear(weight_c, path), x_c, threads)
             failure = failure and f"{failure}, cancelling inputs"
+        if not failure and large_rows(out_dim, in_dim):
+            x_large = _inputs(large_rows(out_dim, in_dim), in_dim, dtype, seed=in_dim + 1)
+            failure = large_rows_invariant(linear, x_large, threads)
         return failure
 
     result = ProbeResult("linear", _name(dtype), None, threads=threads)
@@ -325,6 +243,11 @@ def _probe_attention(dtype: torch.dtype, shapes: ProbeShapes, threads) -> ProbeR
     k = torch.randn(b, shapes.kv_heads, 3 * KEY_BLOCK, d, generator=g).to(dtype)
     v = torch.randn(b, shapes.kv_heads, 3 * KEY_BLOCK, d, generator=g).to(dtype)
 
+    # a trainer's rows: whole sequences of up to LONG_KEYS tokens, several in one call
+    ql = torch.randn(4, LONG_KEYS, shapes.heads, d, generator=g).to(dtype)
+    kl = torch.randn(4, shapes.kv_heads, LONG_KEYS + KEY_BLOCK, d, generator=g).to(dtype)
+    vl = torch.randn(4, shapes.kv_heads, LONG_KEYS + KEY_BLOCK, d, generator=g).to(dtype)
+
     def failure_of(path: str) -> str:
         for n in _each_thread_count(threads):
             full = attention(q, k[:, :, :length], v[:, :, :length],
@@ -335,6 +258,13 @@ def _probe_attention(dtype: torch.dtype, shapes: ProbeShapes, threads) -> ProbeR
                                     attention_bias(torch.full((rows, 1), pos), 3 * KEY_BLOCK), path)
                     if not _same_bits(one, full[:rows, pos : pos + 1]):
                         return f"query {pos} alone ({rows} rows, {n} threads)"
+            full = attention(ql, kl[:, :, :LONG_KEYS], vl[:, :, :LONG_KEYS],
+                             attention_bias(torch.arange(LONG_KEYS).expand(4, LONG_KEYS), LONG_KEYS), path)
+            for pos in (KEY_BLOCK * 2 + 7, LONG_KEYS // 2, LONG_KEYS - 1):
+                one = attention(ql[:1, pos : pos + 1], kl[:1], vl[:1],
+                                attention_bias(torch.full((1, 1), pos), LONG_KEYS + KEY_BLOCK), path)
+                if not _same_bits(one, full[:1, pos : pos + 1]):
+                    return f"query {pos} of a {LONG_KEYS}-token sequence alone ({n} threads)"
         return ""
 
     bias = attention_bias(torch.full((b, 1), 40), length)
@@ -355,7 +285,8 @@ def _probe_rowwise(op: str, dtype: torch.dtype, widths: tuple[int, ...], threads
         for width in widths:
             # silu runs on the gate half of a [rows, 2 * width] matrix: a strided view
             x = _inputs(PROBE_BATCH, 2 * width, dtype, seed=width, scale=3.0)[:, :width]
-            failure = rows_invariant(fn, x, threads)
+            x_large = _inputs(LARGE_ROWS, 2 * width, dtype, seed=width + 1, scale=3.0)[:, :width]
+            failure = rows_invariant(fn, x, threads) or large_rows_invariant(fn, x_large, threads)
             if failure:
                 return f"[width {width}] {failure}", None
             us = _time_us(fn, x[:16])

@@ -45,7 +45,7 @@ import torch
 
 from tidal.orchestrator.topology import placement_of
 from tidal.evidence.policy import apply_policy
-from tidal.orchestrator import guard
+from tidal.orchestrator import guard, numerics_watch
 from tidal.orchestrator.evaluate import canary_metrics, eval_canaries, eval_engine_config, heldout_pass1
 from tidal.orchestrator.planning import complete_groups, plan_step, staleness_gate, with_decay
 from tidal.orchestrator.pool import (ElasticPool, FleetPool, LocalPool, OrchestratorError,
@@ -223,11 +223,21 @@ class Run:
         event = GuardEvent(s.step, findings[0].detector, guard.evidence_of(findings), action, lr_scale,
                            s.best.step if action == "restore" else None, self.trainer.version,
                            time.time() - self.rl_start, message)
-        s.guard_events.append(event)
-        self._write(event)
-        print(message, file=sys.stderr, flush=True)
+        self._record_event(event)
         self.guard.reset()
-        if action == "stop":
+
+    def _watch_numerics(self, record: StepRecord) -> None:
+        event = numerics_watch.mismatch_event(record, self.cfg.engine, self.state, self.trainer.version,
+                                              getattr(self.trainer, "lr_scale", 1.0), time.time() - self.rl_start)
+        if event is not None:
+            self._record_event(event)
+
+    def _record_event(self, event: GuardEvent) -> None:
+        """A guard event into the run's state, metrics.jsonl and stderr; "stop" ends RL."""
+        self.state.guard_events.append(event)
+        self._write(event)
+        print(event.message, file=sys.stderr, flush=True)
+        if event.action == "stop":
             self.stopped = event
 
     def make_pool(self) -> FleetPool:
@@ -414,6 +424,7 @@ class Run:
         bar.set_postfix(reward=f"{record.rollout.reward_mean:.2f}", stale=self.state.max_staleness_seen,
                         heldout=f"{self.state.evals[-1].heldout_pass1:.2f}", refresh=False)
         self._act_on(self.guard.after_step(record))
+        self._watch_numerics(record)
         if oc.eval_every and self.state.step % oc.eval_every == 0 and self.state.step < oc.steps:
             evaluated = self.evaluate(f"step {self.state.step}")
             self._act_on(self.guard.after_eval(evaluated, self.state.best))

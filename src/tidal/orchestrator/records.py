@@ -268,7 +268,8 @@ class GuardEvent:
     """Steps trained when it was seen."""
     detector: str
     """The detector that fired first: "heldout_drop", "reward_collapse", "pass_crash",
-    "invalid_surge", "budget_surge", "tool_error_surge" or "entropy_surge"."""
+    "invalid_surge", "budget_surge", "tool_error_surge" or "entropy_surge"; "numerics_mismatch"
+    from tidal.orchestrator.numerics_watch."""
     evidence: dict[str, Any]
     """The figures it judged (the value, its recent level, the threshold...); ``also``: the
     other detectors that fired on the same record."""
@@ -361,7 +362,8 @@ class RunSummary:
     cpu: dict[str, Any]
     """The machine's CPU facts (tidal.hardware.cpu_facts)."""
     numerics: dict[str, Any]
-    """engine.numerics and, when deterministic, the op paths the probe chose (numerics_record)."""
+    """engine.numerics and, when deterministic, the op paths the probe chose (numerics_record);
+    ``mismatched_steps``: steps that broke the deterministic promise (orchestrator.numerics_watch)."""
     pretrain_s: float | None = None
     """Seconds of mid-training (0 when a cached model was reused); set by ``tidal train``."""
     wall_s: float | None = None
@@ -445,6 +447,9 @@ class RunState:
     come from the policy that was thrown away and are dropped (counted as dropped_stale)."""
     guard_events: list[GuardEvent] = field(default_factory=list)
     """Every guard event so far."""
+    mismatched_steps: int = 0
+    """Steps whose trained tokens were not all the trainer's bits under deterministic numerics
+    (tidal.orchestrator.numerics_watch)."""
 
     def worker_busy_fraction(self, num_workers: int) -> float:
         """Generating + grading time over the workers' combined time in the fleet (RL wall time

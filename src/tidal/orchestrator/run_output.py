@@ -15,6 +15,7 @@ import torch
 from tidal.fsutil import write_text_atomic
 from tidal.harness.gateway_metrics import GatewayMeans
 from tidal.hardware import cpu_facts
+from tidal.orchestrator.numerics_watch import mismatch_summary
 from tidal.orchestrator.records import EpisodeMeans, RolloutMetrics, RunState, RunSummary, StepRecord
 from tidal.orchestrator.topology import placement_of
 from tidal.telemetry.metrics import read_metrics, write_json_atomic
@@ -77,7 +78,7 @@ def run_summary(cfg: TidalConfig, s: RunState, before: EvalRecord, after: EvalRe
         worker_failures=s.worker_failures, num_workers=oc.num_workers, backend=oc.backend,
         rl_wall_s=s.rl_wall_s, final_checkpoint=str(final_checkpoint),
         init_checkpoint=init_checkpoint, dtypes=cfg.dtype_choices(),
-        cpu=cpu_facts().record(), numerics=numerics_record(cfg),
+        cpu=cpu_facts().record(), numerics=numerics_record(cfg) | mismatch_summary(s),
         integrity=integrity_summary(cfg, s), fleet=fleet,
         heldout_pass1_best=s.best.heldout_pass1, best_step=s.best.step,
         best_checkpoint=s.best.path, guard=guard)
