@@ -462,11 +462,25 @@ def test_split_k_linear_in_bf16_trains_and_equals_its_no_grad_forward():
 
 
 def test_no_path_that_holds_refuses_to_run_deterministic(monkeypatch):
-    from tidal.numerics import probe
+    from tidal.numerics import mkl_cnr, probe
+
+    monkeypatch.setattr(mkl_cnr, "strict_active", lambda: False)  # as in a process that never mid-trained
+    _break_path(monkeypatch, "onednn")
+    monkeypatch.setattr(probe, "rows_invariant", lambda fn, x, threads: "injected failure")
+    with pytest.raises(probe.DeterminismUnavailable, match="linear.*numerics") as refused:
+        probe.choose_paths(torch.float32)
+    assert "strict reproducible mode" not in str(refused.value)
+
+
+def test_a_refusal_after_mid_training_in_the_process_says_so(monkeypatch):
+    """MKL's strict mode (on where mid-training ran in this process) changes its small matmuls,
+    and a path can fail only then: the refusal names it and the way out."""
+    from tidal.numerics import mkl_cnr, probe
 
     _break_path(monkeypatch, "onednn")
     monkeypatch.setattr(probe, "rows_invariant", lambda fn, x, threads: "injected failure")
-    with pytest.raises(probe.DeterminismUnavailable, match="linear.*numerics"):
+    monkeypatch.setattr(mkl_cnr, "strict_active", lambda: True)
+    with pytest.raises(probe.DeterminismUnavailable, match="strict reproducible mode.*process of its own"):
         probe.choose_paths(torch.float32)
 
 

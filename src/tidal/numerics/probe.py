@@ -355,6 +355,17 @@ def _probe_moe_stacked(dtype: torch.dtype, shapes: ProbeShapes, linear_path: str
     return result
 
 
+def _strict_hint() -> str:
+    """Why the paths may fail here and not in a fresh process: mid-training ran in this one."""
+    from tidal.numerics import mkl_cnr
+
+    if not mkl_cnr.strict_active():
+        return ""
+    return ("; MKL runs in its strict reproducible mode in this process (mid-training ran here, "
+            "numerics/mkl_cnr.py), which changes its small matmuls: run mid-training in a process "
+            "of its own (`tidal pretrain`, or pretrain.loop.pretrain_in_child), as `tidal train` does")
+
+
 def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -389,7 +400,8 @@ def choose_paths(dtype: torch.dtype, shapes: ProbeShapes = DEFAULT_SHAPES) -> Nu
                                for r in broken)
             raise DeterminismUnavailable(
                 f"no batch-invariant path for {_name(dtype)} on this machine ({detail}); run with "
-                "engine.numerics = \"fast\" (logprobs then differ from the trainer's in the last bits)")
+                "engine.numerics = \"fast\" (logprobs then differ from the trainer's in the last bits)"
+                + _strict_hint())
         by_op = {r.op: r for r in results}
         chosen = {op: r.path for op, r in by_op.items()}
         _CACHE[key] = NumericsPaths(dtype, chosen["linear"], chosen["attention"], chosen["silu"],
