@@ -188,7 +188,10 @@ def test_edited_history_is_counted_and_trained_as_two_segments(tok):
 @pytest.mark.parametrize("mode,reason", [("crash", "crashed"), ("hang", "timeout"),
                                          ("flood", "turn_budget")])
 def test_a_misbehaving_harness_ends_its_own_episode_with_a_reason(tok, mode, reason, preload):
-    trajs, _ = _run(tok, mode, samples=1, timeout_s=3.0, max_turns=3, preload=preload)
+    # a hang ends on the timeout, so it is short; the others end on their own, and a loaded
+    # machine may take seconds to start a harness that imports openai
+    timeout_s = 3.0 if mode == "hang" else 60.0
+    trajs, _ = _run(tok, mode, samples=1, timeout_s=timeout_s, max_turns=3, preload=preload)
     assert trajs[0].reason == reason and trajs[0].reward == 0.0
 
 
