@@ -39,19 +39,20 @@ def profiled(fn, calls: int, top: int) -> dict:
     }
 
 
-def _model(cfg: TidalConfig, dtype: str):
-    from tidal.model import build_model
+def _model(cfg: TidalConfig):
+    """The model mid-training starts from (model.init_from, or fresh weights seeded by run.seed), in fp32."""
+    from tidal.pretrain.loop import initial_model
 
-    return build_model(cfg.model.model_copy(update={"dtype": dtype}), seed=cfg.run.seed)
+    return initial_model(cfg)
 
 
-def midtraining_phase(cfg: TidalConfig, steps: int, top: int, numerics: str) -> dict:
-    """One mid-training optimizer step (pretrain.loop.train_step) on a batch of random ids;
-    ``numerics`` does not apply (mid-training has its own forward), measured in each arm alike."""
+def midtraining_phase(cfg: TidalConfig, steps: int, top: int) -> dict:
+    """One mid-training optimizer step (pretrain.loop.train_step) on a batch of random ids
+    (engine.numerics does not apply: mid-training has its own forward)."""
     from tidal.pretrain.loop import make_optimizer, train_step
 
     pc = cfg.pretrain
-    model = _model(cfg, "float32")
+    model = _model(cfg)
     optimizer = make_optimizer(model, pc)
     g = torch.Generator().manual_seed(cfg.run.seed)
     batch = torch.randint(0, cfg.model.vocab_size, (pc.batch_size, pc.seq_len), generator=g)
@@ -68,7 +69,12 @@ def _engine(cfg: TidalConfig, numerics: str):
     from tidal.model import load_tokenizer
 
     engine_cfg = with_keys(cfg, {"engine.numerics": numerics}).engine
-    return Engine(_model(cfg, cfg.model.dtype), load_tokenizer(cfg.model.init_from), engine_cfg)
+    model = _model(cfg).to(getattr(torch, cfg.model.dtype))
+    return Engine(model, load_tokenizer(cfg.model.init_from), engine_cfg)
+
+
+def _random_ids(cfg: TidalConfig, count: int, length: int, g: torch.Generator) -> list[list[int]]:
+    return torch.randint(1, cfg.model.vocab_size, (count, length), generator=g).tolist()
 
 
 def _requests(cfg: TidalConfig, bench: BenchSection, new_tokens: int) -> list:
@@ -76,9 +82,7 @@ def _requests(cfg: TidalConfig, bench: BenchSection, new_tokens: int) -> list:
     from tidal.engine.request import GenerationRequest
 
     oc = cfg.orchestrator
-    g = torch.Generator().manual_seed(cfg.run.seed)
-    prompts = [torch.randint(1, cfg.model.vocab_size, (bench.prompt_tokens,), generator=g).tolist()
-               for _ in range(oc.tasks_per_step)]
+    prompts = _random_ids(cfg, oc.tasks_per_step, bench.prompt_tokens, torch.Generator().manual_seed(cfg.run.seed))
     return [GenerationRequest(prompt_ids=p, max_new_tokens=new_tokens, ignore_eos=True, seed=i)
             for i, p in enumerate(p for p in prompts for _ in range(oc.group_size))]
 
@@ -106,15 +110,15 @@ def _batch(cfg: TidalConfig, bench: BenchSection):
 
     oc = cfg.orchestrator
     g = torch.Generator().manual_seed(cfg.run.seed)
-    trajectories = []
-    for group in range(oc.tasks_per_step):
-        prompt = torch.randint(1, cfg.model.vocab_size, (bench.prompt_tokens,), generator=g).tolist()
-        for _ in range(oc.group_size):
-            completion = torch.randint(1, cfg.model.vocab_size, (bench.completion_tokens,), generator=g).tolist()
-            n = len(completion)
-            segment = Segment(prompt, completion, [-5.0] * n, [0] * n, [1] * n, None)
-            reward = float(torch.rand(1, generator=g) > 0.5)
-            trajectories.append(Trajectory(f"task{group}", group, [segment], reward=reward))
+    prompts = _random_ids(cfg, oc.tasks_per_step, bench.prompt_tokens, g)
+    completions = _random_ids(cfg, oc.tasks_per_step * oc.group_size, bench.completion_tokens, g)
+    rewards = (torch.rand(len(completions), generator=g) > 0.5).tolist()
+    n = bench.completion_tokens
+    trajectories = [
+        Trajectory(f"task{i // oc.group_size}", i // oc.group_size,
+                   [Segment(prompts[i // oc.group_size], completion, [-5.0] * n, [0] * n, [1] * n, None)],
+                   reward=float(reward))
+        for i, (completion, reward) in enumerate(zip(completions, rewards))]
     return Batch(trajectories, trainer_version=0)
 
 
@@ -124,7 +128,7 @@ def trainer_phase(cfg: TidalConfig, bench: BenchSection, numerics: str) -> dict:
     from tidal.trainer.trainer import Trainer
 
     tokenizer = load_tokenizer(cfg.model.init_from)
-    trainer = Trainer(_model(cfg, "float32"), cfg.trainer, temperature=cfg.engine.temperature,
+    trainer = Trainer(_model(cfg), cfg.trainer, temperature=cfg.engine.temperature,
                       pad_id=tokenizer.pad_id, numerics=numerics)
     batch = _batch(cfg, bench)
     trainer.step(batch)  # warm-up
