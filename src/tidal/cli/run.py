@@ -97,12 +97,9 @@ def numerics_line(cfg) -> str:
     engine and the trainer run on this machine (tidal doctor lists every candidate)."""
     if cfg.engine.numerics != "deterministic":
         return f"numerics: {cfg.engine.numerics}"
-    import torch
+    from tidal.orchestrator.numerics_watch import opset_of
 
-    from tidal.numerics.probe import ProbeShapes, choose_paths
-
-    return "numerics: " + choose_paths(getattr(torch, cfg.model.dtype),
-                                       ProbeShapes.of_model(cfg.model)).describe()
+    return "numerics: " + opset_of(cfg.model)
 
 
 def _rl(cfg, run_dir: Path, info: dict, resume: bool, t0: float, env) -> int:
@@ -123,6 +120,11 @@ def _rl(cfg, run_dir: Path, info: dict, resume: bool, t0: float, env) -> int:
     path = write_summary(run_dir, summary)  # first: the report's header reads it
     _report(run_dir)
     print_summary(summary, path)
+    if cfg.orchestrator.guard.numerics_mismatch == "stop" and (summary.numerics or {}).get("mismatched_steps"):
+        from tidal.orchestrator.numerics_watch import NumericsMismatch
+
+        raise NumericsMismatch(f"RL stopped at {summary.numerics['mismatch']} (the final checkpoint, report "
+                               f"and summary are saved in {run_dir})")
     return 0
 
 

@@ -89,7 +89,7 @@ def _moved(old: str, new: str) -> str:
     if "." not in new:
         return (f"config section [{old}] is now a section of its own: write it as [{new}] in a "
                 f"recipe, or --{new}.<key> on the command line (was --{old}.<key>)")
-    section, key = new.split(".", 1)
+    section, key = new.rsplit(".", 1)
     return (f"config key '{old}' moved to '{new}': write it as [{section}] {key} = ... in a "
             f"recipe, or --{new} on the command line")
 

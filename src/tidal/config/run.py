@@ -46,5 +46,6 @@ MOVED_KEYS = {
     "orchestrator.worker_threads": "run.worker_threads",
     "pretrain.num_threads": "run.pretrain_threads",
     "trainer.sharding": "sharding",
+    "engine.on_mismatch": "orchestrator.guard.numerics_mismatch",
 }
 """Old dotted key -> its key now; the loader names the new key when a config uses an old one."""

@@ -95,12 +95,6 @@ class EngineConfig(Section):
     for bit what the trainer recomputes for that token (the trainer runs the same forward);
     fast: the fused forward on fast ops (numerics/fast.py), faster per step but off by ~1e-6 from the trainer,
     and with it MoE routing that can flip."""
-    on_mismatch: Literal["warn", "stop"] = "warn"
-    """What `tidal train` does when numerics = "deterministic" and a step trained a token whose
-    sampling logprob is not the trainer's bit for bit (the guarantee broke on this machine):
-    warn = say so on stderr and in metrics.jsonl (a "guard" record, detector
-    "numerics_mismatch") at the first such step and count them in summary.json; stop = the same,
-    then end RL after that step (the final evaluation and checkpoint still run)."""
     prefix_cache: bool = True
     """Keep a finished request's KV cache in its (now free) slot, and when a new prompt starts
     with that request's tokens, prefill only the rest. A multi-turn episode sends its whole

@@ -81,6 +81,16 @@ class GuardConfig(Section):
     (episode/tool_errors over episode/turns) at least this far above its recent mean."""
     pass_drop: float = Field(0.3, gt=0, le=1)
     """Training pass-rate crash: the step's pass rate this far below its recent mean."""
+    numerics_mismatch: Literal["stop", "correct", "log"] = "stop"
+    """What `tidal train` does when engine.numerics = "deterministic" and a step trained a token
+    whose sampling logprob is not the trainer's bit for bit (the start-up probe's paths do not
+    hold on this machine; tidal.orchestrator.numerics_watch). Every choice records a guard event
+    (detector "numerics_mismatch") and counts such steps in summary.json. stop = end RL after
+    that step, still evaluate and save, then exit with an error naming the step, the op set and
+    what to do; correct = go on with trainer.off_policy.kind = "truncated_is" from the next step
+    (the loss then weights each token by the trainer's over the engine's probability, as
+    engine.numerics = "fast" needs), and say so; log = say so once and go on. Independent of
+    ``policy``."""
 
     @model_validator(mode="after")
     def _history_fits_window(self):

@@ -226,12 +226,6 @@ class Run:
         self._record_event(event)
         self.guard.reset()
 
-    def _watch_numerics(self, record: StepRecord) -> None:
-        event = numerics_watch.mismatch_event(record, self.cfg.engine, self.state, self.trainer.version,
-                                              getattr(self.trainer, "lr_scale", 1.0), time.time() - self.rl_start)
-        if event is not None:
-            self._record_event(event)
-
     def _record_event(self, event: GuardEvent) -> None:
         """A guard event into the run's state, metrics.jsonl and stderr; "stop" ends RL."""
         self.state.guard_events.append(event)
@@ -284,6 +278,7 @@ class Run:
             self.before = self.state.evals[0] if resumed else self.evaluate("before")
             if self.state.best is None:  # resumed from a checkpoint written before the guard
                 self.state.best = BestCheckpoint(0, self.before.heldout_pass1, self.init_checkpoint, 0)
+            numerics_watch.resumed(self.state, self.cfg.orchestrator.guard, self.trainer)
             self.store.publish(self.trainer.model, self.trainer.version)
             if self.coordinator is not None:
                 self.coordinator.start()
@@ -424,7 +419,9 @@ class Run:
         bar.set_postfix(reward=f"{record.rollout.reward_mean:.2f}", stale=self.state.max_staleness_seen,
                         heldout=f"{self.state.evals[-1].heldout_pass1:.2f}", refresh=False)
         self._act_on(self.guard.after_step(record))
-        self._watch_numerics(record)
+        if (event := numerics_watch.act_on(record, self.cfg.engine, self.cfg.model, self.cfg.orchestrator.guard,
+                                           self.state, self.trainer, time.time() - self.rl_start)):
+            self._record_event(event)
         if oc.eval_every and self.state.step % oc.eval_every == 0 and self.state.step < oc.steps:
             evaluated = self.evaluate(f"step {self.state.step}")
             self._act_on(self.guard.after_eval(evaluated, self.state.best))

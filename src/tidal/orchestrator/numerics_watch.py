@@ -1,20 +1,26 @@
 """The deterministic guarantee checked where it runs: every trained step's engine-vs-trainer
-mismatch, under engine.numerics = "deterministic", is acted on as engine.on_mismatch says.
+mismatch, under engine.numerics = "deterministic", is acted on as
+orchestrator.guard.numerics_mismatch says (stop with an error by default).
 
 The start-up probe (tidal.numerics.probe) chooses paths that held on sampled batches; a step's
 mismatch metrics are the guarantee measured on the run's own tokens. A token that is not the
 trainer's bit for bit there means the probe missed something on this machine, so the run says
-so (and, if asked, stops) instead of only writing a number no one reads.
+so and stops (or corrects, or only logs, as configured) instead of only writing a number no one
+reads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from tidal.errors import UserError
 from tidal.orchestrator.records import GuardEvent
 
 if TYPE_CHECKING:
     from tidal.engine.config import EngineConfig
+    from tidal.model.config import ModelConfig
+    from tidal.orchestrator.config import GuardConfig
     from tidal.orchestrator.records import RunState, StepRecord
 
 DETECTOR = "numerics_mismatch"
@@ -28,6 +34,16 @@ def promised(engine: EngineConfig) -> bool:
     return engine.numerics == "deterministic" and tidal_forward
 
 
+def opset_of(model: ModelConfig) -> str:
+    """The deterministic paths the engine and the trainer run for ``model`` on this machine
+    (chosen once per process by the probe; `tidal doctor` lists every candidate)."""
+    import torch
+
+    from tidal.numerics.probe import ProbeShapes, choose_paths
+
+    return choose_paths(getattr(torch, model.dtype), ProbeShapes.of_model(model)).describe()
+
+
 def mismatch_evidence(record: StepRecord, engine: EngineConfig) -> dict | None:
     """The step's mismatch figures when it broke the promise; None when it kept it (or made none)."""
     if not promised(engine) or record.train is None:
@@ -39,19 +55,50 @@ def mismatch_evidence(record: StepRecord, engine: EngineConfig) -> dict | None:
             "max_abs_logprob_diff": m.max_abs_logprob_diff, "mean_abs_logprob_diff": m.mean_abs_logprob_diff}
 
 
-def mismatch_event(record: StepRecord, engine: EngineConfig, state: RunState, version: int,
-                   lr_scale: float, wall_s: float) -> GuardEvent | None:
+def mismatch_event(record: StepRecord, engine: EngineConfig, choice: str, state: RunState, version: int,
+                   lr_scale: float, wall_s: float, opset: Callable[[], str]) -> GuardEvent | None:
     """Count a step that broke the promise in ``state``; the event to record at the first such
-    step (at every one with engine.on_mismatch = "stop", which then ends RL), else None."""
+    step (at every one when ``choice``, orchestrator.guard.numerics_mismatch, is "stop", which
+    then ends RL), else None. ``opset()``: the deterministic paths the run chose (its
+    ``numerics:`` line), named in the message."""
     evidence = mismatch_evidence(record, engine)
     if evidence is None:
         return None
     state.mismatched_steps += 1
-    action = "stop" if engine.on_mismatch == "stop" else "log"
-    if state.mismatched_steps > 1 and action == "log":
+    if state.mismatched_steps > 1 and choice != "stop":
         return None
-    message = mismatch_message(state.step, evidence, action)
-    return GuardEvent(state.step, DETECTOR, evidence, action, lr_scale, None, version, wall_s, message)
+    paths = opset()
+    message = mismatch_message(state.step, evidence, choice, paths)
+    return GuardEvent(state.step, DETECTOR, {**evidence, "opset": paths}, choice, lr_scale, None,
+                      version, wall_s, message)
+
+
+def act_on(record: StepRecord, engine: EngineConfig, model: ModelConfig, guard: GuardConfig,
+           state: RunState, trainer, wall_s: float) -> GuardEvent | None:
+    """The step's event to record (mismatch_event); a "correct" one has switched the trainer's
+    correction on."""
+    event = mismatch_event(record, engine, guard.numerics_mismatch, state, trainer.version,
+                           getattr(trainer, "lr_scale", 1.0), wall_s, lambda: opset_of(model))
+    if event is not None and event.action == "correct":
+        correct_from_now(trainer)
+    return event
+
+
+def resumed(state: RunState, guard: GuardConfig, trainer) -> None:
+    """A resumed run that had switched to the correction keeps it."""
+    if state.mismatched_steps and guard.numerics_mismatch == "correct":
+        correct_from_now(trainer)
+
+
+def correct_from_now(trainer) -> str:
+    """The "correct" choice: the trainer's loss weights each token by truncated importance
+    sampling from its next step (as engine.numerics = "fast" needs); returns what it was."""
+    from tidal.trainer.config import OffPolicyConfig
+
+    before = trainer.cfg.off_policy.kind
+    if before == "none":
+        trainer.cfg = trainer.cfg.model_copy(update={"off_policy": OffPolicyConfig(kind="truncated_is")})
+    return before
 
 
 def mismatch_summary(state: RunState) -> dict:
@@ -60,12 +107,27 @@ def mismatch_summary(state: RunState) -> dict:
     return {"mismatched_steps": state.mismatched_steps, "mismatch": first}
 
 
-def mismatch_message(step: int, evidence: dict, action: str) -> str:
+class NumericsMismatch(UserError):
+    """RL stopped because the deterministic promise broke (orchestrator.guard.numerics_mismatch =
+    "stop"); raised by `tidal train` once the run's checkpoint and summary are saved."""
+
+
+WHAT_TO_DO = ("what to do: run `tidal doctor` on this machine and file its output with this message; "
+              "to train here now, set engine.numerics = 'fast' with trainer.off_policy.kind = "
+              "'truncated_is', or orchestrator.guard.numerics_mismatch = 'correct' (the same "
+              "correction from the first such step)")
+
+
+def mismatch_message(step: int, evidence: dict, choice: str, opset: str) -> str:
     """What the user reads on stderr and in summary.json."""
-    then = ("RL stops after this step (engine.on_mismatch = 'stop')" if action == "stop" else
-            "RL goes on; later such steps are counted in summary.json (engine.on_mismatch = 'stop' ends RL instead)")
+    then = {"stop": "RL stops after this step, saves and exits with an error "
+                    "(orchestrator.guard.numerics_mismatch = 'stop'). " + WHAT_TO_DO,
+            "correct": "RL goes on with trainer.off_policy.kind = 'truncated_is' from the next step "
+                       "(orchestrator.guard.numerics_mismatch = 'correct'); later such steps are counted "
+                       "in summary.json",
+            "log": "RL goes on uncorrected (orchestrator.guard.numerics_mismatch = 'log'); later such "
+                   "steps are counted in summary.json. " + WHAT_TO_DO}[choice]
     return (f"step {step}: engine.numerics = 'deterministic' but {1 - evidence['bitwise_equal_fraction']:.2%} of "
             f"{evidence['tokens']} trained tokens have a sampling logprob other than the trainer's (largest "
-            f"difference {evidence['max_abs_logprob_diff']:.3g}): the start-up probe's paths do not hold for "
-            "this run's batches on this machine. `tidal doctor` shows the paths chosen; engine.numerics = "
-            "'fast' with [trainer.off_policy] corrections is the honest setting here. " + then)
+            f"difference {evidence['max_abs_logprob_diff']:.3g}): the start-up probe's paths ({opset}) do not "
+            f"hold for this run's batches on this machine. {then}")

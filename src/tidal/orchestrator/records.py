@@ -274,7 +274,8 @@ class GuardEvent:
     """The figures it judged (the value, its recent level, the threshold...); ``also``: the
     other detectors that fired on the same record."""
     action: str
-    """"restore", "stop" or "log" (orchestrator.guard.policy "log": recorded only)."""
+    """"restore", "stop" or "log" (orchestrator.guard.policy "log": recorded only); a
+    "numerics_mismatch" event also "correct" (orchestrator.guard.numerics_mismatch)."""
     lr_scale: float
     """Trainer.lr_scale after the action (lowered by each restore)."""
     restored_step: int | None
