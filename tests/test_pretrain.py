@@ -12,7 +12,7 @@ from tidal.model import ByteTokenizer, from_pretrained
 from tidal.pretrain import cache as cache_mod
 from tidal.pretrain.cache import cache_key, cached_pretrained
 from tidal.pretrain.config import PretrainConfig
-from tidal.pretrain.corpus import CorpusError, load_corpus, pack
+from tidal.pretrain.corpus import CorpusError, load_corpus, pack, pack_documents
 from tidal.pretrain.loop import budget_bound, lr_at, pretrain, torch_threads
 
 TOK = ByteTokenizer()
@@ -34,10 +34,11 @@ def tiny_cfg(tmp_path, env=None, **pretrain):
 
 def test_load_corpus_reads_jsonl_lines_and_whole_text_files(tmp_path):
     j = tmp_path / "a.jsonl"
-    j.write_text('{"text": "def f():\\n    return 1\\n"}\n\n{"text": "x = 2", "id": 7}\n')
+    j.write_text('{"text": "def f():\\n    return 1\\n"}\n\n{"text": "x = 2", "id": 7}\n'
+                 '{"prompt": "# double\\n", "completion": "y = 2 * x"}\n')
     t = tmp_path / "b.txt"
     t.write_text("def g():\n    pass\n\n\ndef h():\n    pass\n")
-    assert load_corpus([j, t]) == ["def f():\n    return 1\n", "x = 2", t.read_text()]
+    assert load_corpus([j, t]) == ["def f():\n    return 1\n", "x = 2", ("# double\n", "y = 2 * x"), t.read_text()]
 
 
 def test_load_corpus_errors_name_the_file_and_line(tmp_path):
@@ -59,10 +60,18 @@ def test_load_corpus_errors_name_the_file_and_line(tmp_path):
 
 
 def test_pack_wraps_docs_in_bos_eos_and_drops_the_ragged_tail():
-    rows = pack(["ab", "c"], TOK, 3)  # stream: bos a b eos bos c eos -> 7 tokens, 2 rows
+    rows, mask = pack(["ab", "c"], TOK, 3)  # stream: bos a b eos bos c eos -> 7 tokens, 2 rows
     b, e = TOK.bos_id, TOK.eos_id
     assert rows.dtype == torch.long
-    assert rows.tolist() == [[b, 97, 98], [e, b, 99]]
+    assert rows.tolist() == [[b, 97, 98], [e, b, 99]] and mask.tolist() == [[1, 1, 1], [1, 1, 1]]
+
+
+def test_a_prompt_completion_document_trains_its_completion_only():
+    for packing in (pack, pack_documents):
+        rows, mask = packing([("ab", "cd"), "x"], TOK, 9)  # bos a b c d eos | bos x eos
+        b, e = TOK.bos_id, TOK.eos_id
+        kept = [t for r, k in zip(rows.tolist(), mask.tolist()) for t, m in zip(r, k) if m]
+        assert kept == [99, 100, e, b, 120, e], packing  # not bos, a, b: the prompt is not predicted
 
 
 def test_pack_byte_fast_path_matches_the_generic_tokenizer_path():
@@ -71,12 +80,32 @@ def test_pack_byte_fast_path_matches_the_generic_tokenizer_path():
         encode = staticmethod(TOK.encode)
 
     docs = ["héllo wörld", "", "def f(x):\n    return x * 2\n", "🙂"] * 5
-    assert torch.equal(pack(docs, TOK, 16), pack(docs, Generic(), 16))
+    docs += [("def f(x):", " return x")] * 3
+    for ours, generic in zip(pack(docs, TOK, 16), pack(docs, Generic(), 16)):
+        assert torch.equal(ours, generic)
 
 
 def test_pack_refuses_a_corpus_shorter_than_one_row():
     with pytest.raises(CorpusError, match="seq_len"):
         pack(["ab"], TOK, 16)
+
+
+def test_pack_documents_keeps_every_document_whole_in_one_row():
+    docs = ["abcdef", "gh", "ijk", "l", "mnopqrstuvwxyz"]  # 8, 4, 5, 3, 16 tokens with bos/eos
+    ids, mask = pack_documents(docs, TOK, 9)
+    b, e = TOK.bos_id, TOK.eos_id
+    rows = [[t for t, m in zip(r, k) if m] for r, k in zip(ids.tolist(), mask.tolist())]
+    # the 16-token doc is cut into 9 + 7; best fit decreasing: [9], [8], [7], [5, 4], [3]
+    assert [bytes(t for t in r if t < 256).decode() for r in rows] == ["mnopqrst", "abcdef", "uvwxyz", "ijkgh", "l"]
+    assert rows[3] == [b, 105, 106, 107, e, b, 103, 104, e]  # the 5-token doc first, then the 4
+    assert all(t == e for r, k in zip(ids.tolist(), mask.tolist()) for t, m in zip(r, k) if not m)
+    assert mask.dtype == torch.float32 and ids.dtype == torch.long
+
+
+def test_pack_documents_fills_short_code_documents_densely():
+    docs = [("x" * n) for n in range(75, 226, 7)] * 20
+    ids, mask = pack_documents(docs, TOK, 288)
+    assert mask.sum() == sum(len(d) + 2 for d in docs) and mask.mean() > 0.9
 
 
 # ---------------------------------------------------------------- schedule
@@ -261,7 +290,7 @@ def test_pretrain_mid_trains_on_the_selected_environments_corpus(tmp_path, env_m
     cfg = tiny_cfg(tmp_path, env={"name": "pretrain_corpus_env", "args": {"word": "quokka"}},
                    corpus_docs=20, max_steps=2, warmup_steps=0)
     packed = []
-    monkeypatch.setattr(loop, "pack", lambda docs, *a: packed.append(docs) or pack(docs, *a))
+    monkeypatch.setattr(loop, "pack_documents", lambda docs, *a: packed.append(docs) or pack_documents(docs, *a))
     pretrain(cfg, tmp_path / "out", progress=False)
     assert packed == [[f"quokka {i} seed 0. " * 4 for i in range(20)]]
 

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from tidal.model import build_model, from_pretrained, load_tokenizer, save_pretrained
 from tidal.numerics import mkl_cnr
 from tidal.pretrain.config import PretrainConfig
-from tidal.pretrain.corpus import load_corpus, pack
+from tidal.pretrain.corpus import load_corpus, pack, pack_documents
 from tidal.pretrain.view import MidTrainingView
 from tidal.telemetry.progress import progress_bar
 
@@ -162,9 +162,10 @@ def _pretrain(cfg: MidTrainingView, out_dir: Path, docs: list[str] | None, progr
 
 
 def _packed_rows(cfg: MidTrainingView, docs: list[str] | None, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
-    """The corpus (``docs``, or the configured one) packed into rows, every position trained."""
-    packed = pack(docs if docs is not None else corpus_documents(cfg), tokenizer, cfg.pretrain.seq_len)
-    return packed, torch.ones(packed.shape)
+    """The corpus (``docs``, or the configured one) packed into rows as pretrain.packing says."""
+    docs = docs if docs is not None else corpus_documents(cfg)
+    packing = pack_documents if cfg.pretrain.packing == "documents" else pack
+    return packing(docs, tokenizer, cfg.pretrain.seq_len)
 
 
 def _save(cfg: MidTrainingView, model: torch.nn.Module, model_dir: Path, tokenizer, group) -> Path:
