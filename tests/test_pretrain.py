@@ -102,6 +102,12 @@ def test_pack_documents_keeps_every_document_whole_in_one_row():
     assert mask.dtype == torch.float32 and ids.dtype == torch.long
 
 
+def test_pack_documents_says_when_documents_are_cut(caplog):
+    pack_documents(["abc", "x" * 20], TOK, 9)
+    assert "1 of 2 documents are longer than pretrain.seq_len = 9" in caplog.text
+    assert "pretrain.seq_len = 22 would hold all of them" in caplog.text
+
+
 def test_pack_documents_fills_short_code_documents_densely():
     docs = [("x" * n) for n in range(75, 226, 7)] * 20
     ids, mask = pack_documents(docs, TOK, 288)
