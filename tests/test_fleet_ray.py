@@ -30,8 +30,10 @@ UNITS = 2
 """Units of its device resource each worker node declares (so 2 workers of that kind fit)."""
 
 
-def add_device_node(cluster, kind: str):
-    return cluster.add_node(num_cpus=1, resources={f"device:{kind}": UNITS}, object_store_memory=STORE)
+def add_device_node(cluster, kind: str, gpus: int = UNITS):
+    """A node declaring UNITS of "device:<kind>" and ``gpus`` GPUs (Ray takes the count on trust)."""
+    return cluster.add_node(num_cpus=1, num_gpus=gpus, resources={f"device:{kind}": UNITS},
+                            object_store_memory=STORE)
 
 
 @pytest.fixture
@@ -119,6 +121,21 @@ def test_a_device_kind_no_node_has_or_workers_that_cannot_start_are_one_clear_er
     for part in ("fleet pool 'p'", "'tpu-v9'", "'device:tpu-v9'", "RAY_ADDRESS=", "device:gpu-a 2",
                  "device:gpu-b 2", "ray start --resources"):
         assert part in msg, msg
+    # a kind whose nodes have no GPUs: the pool asks for one per worker, so one clear error...
+    c, _ = cluster
+    add_device_node(c, "no-gpu", gpus=0)
+    c.wait_for_nodes()
+    with pytest.raises(OrchestratorError, match=r"fleet pool 'p' \(device 'no-gpu'\) asks for 1 GPU per worker, "
+                                                r"and the nodes .* that declare 'device:no-gpu' have no GPU"):
+        pool_of(cfg, ckpt, tmp_path, "no-gpu", 1)
+    # ...unless the kind is not a GPU (gpus_per_worker = 0): then the pool is placed there
+    pool = RayPool((cfg, str(ckpt), str(tmp_path / "weights")),
+                   PoolConfig(name="p", device="no-gpu", workers=1, placement="ray", gpus_per_worker=0),
+                   worker_ids(), 1, 0.5, time.time())
+    try:
+        assert pool.report()["slots"] == UNITS
+    finally:
+        pool.close()
     # workers that cannot start (no checkpoint there): a bounded number of tries, then one error
     pool = pool_of(cfg, tmp_path / "no-such-checkpoint", tmp_path, "gpu-a", 1)
     try:

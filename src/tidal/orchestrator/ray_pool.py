@@ -75,7 +75,9 @@ class RayPool(ElasticPool):
     """Workers as Ray actors, placed by the pool's device kind: "cpu" asks for
     ``cpus_per_worker`` CPUs; any other kind K for one unit of the custom Ray resource
     "device:K", which the cluster's nodes declare (``ray start --resources '{"device:h100": 8}'``
-    hosts 8 such workers). A pool asking for a kind no node has is one clear error at start.
+    hosts 8 such workers), and the pool's gpus_per_worker GPUs (Ray then sets each actor's
+    CUDA_VISIBLE_DEVICES). A pool asking for a kind no node has, or for GPUs where the nodes
+    of its kind have none, is one clear error at start.
 
     A worker joins once Ray has placed its actor and it has loaded its model; ``node_of`` says
     where. A retired or replaced actor is killed, and what it ran fails (and is re-queued). The
@@ -95,11 +97,13 @@ class RayPool(ElasticPool):
         self._args = worker_args
         self.place_timeout_s = (worker_args[0].orchestrator.ray_place_timeout_s
                                 if place_timeout_s is None else place_timeout_s)
+        self.gpus = 0.0 if cfg.device == "cpu" else cfg.gpus_per_worker
+        """GPUs each worker asks for (Ray sets its CUDA_VISIBLE_DEVICES)."""
         if cfg.device == "cpu":
             self.resource, self.ask, options = "CPU", cpus_per_worker, {"num_cpus": cpus_per_worker}
         else:
             self.resource, self.ask = f"device:{cfg.device}", 1.0
-            options = {"num_cpus": 0, "resources": {self.resource: 1}}
+            options = {"num_cpus": 0, "num_gpus": self.gpus, "resources": {self.resource: 1}}
         from tidal.engine.remote.build import key_environment
 
         if keys := key_environment(worker_args[0].engine):  # a Ray cluster's workers lack our env
@@ -227,13 +231,19 @@ class RayPool(ElasticPool):
             nodes = self._ray.nodes()
         except Exception:  # noqa: BLE001 - the control store did not answer this time: keep what we knew
             return
-        slots = sum(int(n["Resources"].get(self.resource, 0) / self.ask + 1e-9)
-                    for n in nodes if n.get("Alive"))
+        slots = sum(self._slots_on(n["Resources"]) for n in nodes if n.get("Alive"))
         lost = slots == 0
         if lost != self._lost:
             self._event("lost" if lost else "back", slots=slots,
                         reason=f"no live node has {self.resource}" if lost else f"{slots} slots again")
         self._lost, self._slots = lost, slots
+
+    def _slots_on(self, resources: dict) -> int:
+        """Workers of this pool one node can host: its units of the resource, and of GPUs."""
+        slots = int(resources.get(self.resource, 0) / self.ask + 1e-9)
+        if self.gpus:
+            slots = min(slots, int(resources.get("GPU", 0) / self.gpus + 1e-9))
+        return slots
 
     def _missing(self) -> OrchestratorError:
         """The error of a pool whose resource no node of the cluster has."""
@@ -248,6 +258,13 @@ class RayPool(ElasticPool):
                 f"and no node of {where} has that many; the cluster has {have}. Lower "
                 "orchestrator.cpus_per_worker, or give the nodes more CPUs (ray start --num-cpus N; "
                 "orchestrator.ray_num_cpus for a local Ray)")
+        if self.gpus and self._ray.cluster_resources().get(self.resource):
+            return OrchestratorError(
+                f"fleet pool {self.name!r} (device {self.cfg.device!r}) asks for {self.gpus:g} GPU per worker, "
+                f"and the nodes of {where} that declare {self.resource!r} have no GPU Ray can see (the "
+                f"cluster has {have}). Start those nodes where the GPUs are visible (their driver, "
+                "CUDA_VISIBLE_DEVICES; ray start --num-gpus N), or set the pool's gpus_per_worker = 0 "
+                "for a device kind that is not a GPU")
         return OrchestratorError(
             f"fleet pool {self.name!r} asks for device kind {self.cfg.device!r}: each of its workers needs "
             f"one unit of the Ray resource {self.resource!r}, and no node of {where} declares it; the "

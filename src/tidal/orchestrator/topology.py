@@ -38,6 +38,10 @@ class PoolConfig(Section):
     device: str = "cpu"
     """Device kind of the pool's workers; with Ray placement each worker actor asks for one unit
     of the custom resource "device:<kind>" (a mixed fleet: "h100", "a10g", "cpu")."""
+    gpus_per_worker: float = Field(1.0, ge=0)
+    """With Ray placement and a device other than "cpu": GPUs each worker actor asks Ray for
+    (``num_gpus``, so Ray sets the actor's CUDA_VISIBLE_DEVICES); 0 = a device kind that is not
+    a GPU. A node declaring the device but no GPUs then hosts no worker (one clear error)."""
     placement: Literal["backend", "local", "ray", "remote"] = "backend"
     """Who starts the workers: "backend" = as orchestrator.backend says; "local" = threads in the
     trainer's process; "ray" = Ray actors (local Ray or RAY_ADDRESS); "remote" = nobody here:
