@@ -159,3 +159,31 @@ def test_tidal_train_runs_and_resumes_with_a_sharded_trainer(tmp_path):
     assert summary.steps == 2
     assert [s["step"] for s in records(tmp_path / "run", "step")] == [1, 2]
     assert (tmp_path / "run" / "checkpoints" / "step_000002" / "dcp").is_dir()
+
+
+def _child_peak(queue) -> None:
+    from tidal.trainer.sharded.launch import peak_rss_bytes
+
+    queue.put(peak_rss_bytes())
+
+
+def test_each_process_measures_its_own_peak_memory():
+    """A spawned rank's peak is its own, not its parent's (ru_maxrss is inherited), and a reset
+    starts the peak again from what the process holds now."""
+    import multiprocessing
+
+    from tidal.trainer.sharded.launch import peak_rss_bytes, reset_peak_rss
+
+    big = bytearray(400 << 20)  # 400 MiB touched in this process
+    big[:: 4096] = b"x" * len(big[:: 4096])
+    parent = peak_rss_bytes()
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_child_peak, args=(queue,))
+    child.start()
+    child_peak = queue.get(timeout=120)
+    child.join()
+    assert parent > 400 << 20 and child_peak < parent - (300 << 20)
+    del big
+    if reset_peak_rss():  # Linux with /proc: the peak follows what is held now
+        assert peak_rss_bytes() < parent - (300 << 20)

@@ -9,11 +9,13 @@ steps from the same initial weights by the in-process Trainer (1 process) and by
 trainer at each N > 1 (rank 0 in this process, N - 1 spawned ranks). Reported per N:
 
 - ``state_mb``: parameter + optimizer (AdamW moments) bytes each rank stores, summed exactly
-  over its local shards (rank 0 and the largest rank); ``peak_mem_ratio_N`` = the largest
+  over its local shards (rank 0 and the largest rank); ``state_ratio_N`` = the largest
   rank's over one process's (FSDP pads dim 0 of each parameter to a multiple of N, so slightly
-  above 1/N);
-- ``peak_rss_mb`` per rank: the process's peak resident memory (rank 0 is this process: it also
-  holds the full mirror model the publisher reads and the 1-process run, so read the followers');
+  above 1/N): arithmetic, not a peak;
+- ``peak_rss_mb`` per rank: each process's own peak resident memory (VmHWM, read by the rank
+  itself; rank 0 is this process, its peak reset before each process count's run: it also holds
+  the full mirror model the publisher reads); ``rank_peak_rss_ratio_N`` = the largest rank's
+  peak at N over one process's: the measured figure;
 - ``step_time_s``: median of the steps after the first (the first also warms up);
 - ``loss`` of every step and ``max_abs_loss_diff`` / ``max_rel_grad_norm_diff`` against one
   process (float reduction order only).
@@ -110,9 +112,11 @@ def train(model, cfg: TidalConfig, processes: int, batch, steps: int) -> dict:
         ShardedTrainerHandle,
         local_state_bytes,
         peak_rss_bytes,
+        reset_peak_rss,
     )
     from tidal.trainer.trainer import Trainer
 
+    reset_peak_rss()  # rank 0's peak is this run's, not an earlier one's (spawned ranks start fresh)
     sharding = cfg.sharding.model_copy(update={"processes": processes})
     numerics = cfg.engine.numerics
     trainer = (Trainer(model, cfg.trainer, numerics=numerics) if processes == 1
@@ -155,7 +159,8 @@ def run_trainer_bench(bench: BenchSection, cfg: TidalConfig) -> dict:
     fsdp["max_rel_grad_norm_diff"] = max(norms)
     for n, r in runs.items():
         if n > 1:
-            fsdp[f"peak_mem_ratio_{n}"] = max(r["state_mb"]) / one["state_mb"][0]
+            fsdp[f"state_ratio_{n}"] = max(r["state_mb"]) / one["state_mb"][0]
+            fsdp[f"rank_peak_rss_ratio_{n}"] = max(r["peak_rss_mb"]) / one["peak_rss_mb"][0]
             fsdp[f"step_time_ratio_{n}"] = r["step_time_s"] / one["step_time_s"]
     print({k: v for k, v in fsdp.items() if k not in ("runs",)})
     return {"fsdp": fsdp}

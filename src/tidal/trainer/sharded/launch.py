@@ -108,10 +108,28 @@ def local_state_bytes(trainer: Trainer) -> int:
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident memory so far (Linux ru_maxrss is in KiB)."""
-    import resource
+    """This process's own peak resident memory since it started or since ``reset_peak_rss``:
+    Linux's VmHWM. Not ``ru_maxrss``: a spawned rank inherits its parent's (measured: a child of
+    a 513 MB parent reported 513 MB, its VmHWM 14 MB). ru_maxrss only where /proc is absent."""
+    try:
+        with open("/proc/self/status") as f:
+            line = next(x for x in f if x.startswith("VmHWM:"))
+        return int(line.split()[1]) * 1024  # kB
+    except (OSError, StopIteration, ValueError):
+        import resource
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def reset_peak_rss() -> bool:
+    """Start this process's peak (VmHWM) again from its current RSS (Linux: clear_refs 5);
+    whether it could."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def gather_memory(trainer: Trainer) -> list[dict]:
