@@ -11,7 +11,6 @@ reads.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tidal.errors import UserError
@@ -55,33 +54,24 @@ def mismatch_evidence(record: StepRecord, engine: EngineConfig) -> dict | None:
             "max_abs_logprob_diff": m.max_abs_logprob_diff, "mean_abs_logprob_diff": m.mean_abs_logprob_diff}
 
 
-def mismatch_event(record: StepRecord, engine: EngineConfig, choice: str, state: RunState, version: int,
-                   lr_scale: float, wall_s: float, opset: Callable[[], str]) -> GuardEvent | None:
+def act_on(record: StepRecord, engine: EngineConfig, model: ModelConfig, guard: GuardConfig,
+           state: RunState, trainer, wall_s: float) -> GuardEvent | None:
     """Count a step that broke the promise in ``state``; the event to record at the first such
-    step (at every one when ``choice``, orchestrator.guard.numerics_mismatch, is "stop", which
-    then ends RL), else None. ``opset()``: the deterministic paths the run chose (its
-    ``numerics:`` line), named in the message."""
+    step (at every one when guard.numerics_mismatch is "stop", which then ends RL), else None.
+    A "correct" event has switched the trainer's correction on. The message names the
+    deterministic paths the run chose (its ``numerics:`` line)."""
     evidence = mismatch_evidence(record, engine)
     if evidence is None:
         return None
     state.mismatched_steps += 1
+    choice = guard.numerics_mismatch
     if state.mismatched_steps > 1 and choice != "stop":
         return None
-    paths = opset()
-    message = mismatch_message(state.step, evidence, choice, paths)
-    return GuardEvent(state.step, DETECTOR, {**evidence, "opset": paths}, choice, lr_scale, None,
-                      version, wall_s, message)
-
-
-def act_on(record: StepRecord, engine: EngineConfig, model: ModelConfig, guard: GuardConfig,
-           state: RunState, trainer, wall_s: float) -> GuardEvent | None:
-    """The step's event to record (mismatch_event); a "correct" one has switched the trainer's
-    correction on."""
-    event = mismatch_event(record, engine, guard.numerics_mismatch, state, trainer.version,
-                           getattr(trainer, "lr_scale", 1.0), wall_s, lambda: opset_of(model))
-    if event is not None and event.action == "correct":
+    if choice == "correct":
         correct_from_now(trainer)
-    return event
+    paths = opset_of(model)
+    return GuardEvent(state.step, DETECTOR, {**evidence, "opset": paths}, choice, getattr(trainer, "lr_scale", 1.0),
+                      None, trainer.version, wall_s, mismatch_message(state.step, evidence, choice, paths))
 
 
 def resumed(state: RunState, guard: GuardConfig, trainer) -> None:
@@ -90,15 +80,13 @@ def resumed(state: RunState, guard: GuardConfig, trainer) -> None:
         correct_from_now(trainer)
 
 
-def correct_from_now(trainer) -> str:
+def correct_from_now(trainer) -> None:
     """The "correct" choice: the trainer's loss weights each token by truncated importance
-    sampling from its next step (as engine.numerics = "fast" needs); returns what it was."""
+    sampling from its next step (as engine.numerics = "fast" needs), unless it corrects already."""
     from tidal.trainer.config import OffPolicyConfig
 
-    before = trainer.cfg.off_policy.kind
-    if before == "none":
+    if trainer.cfg.off_policy.kind == "none":
         trainer.cfg = trainer.cfg.model_copy(update={"off_policy": OffPolicyConfig(kind="truncated_is")})
-    return before
 
 
 def mismatch_summary(state: RunState) -> dict:

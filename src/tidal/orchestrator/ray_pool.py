@@ -251,14 +251,15 @@ class RayPool(ElasticPool):
         where = (f"the Ray cluster at RAY_ADDRESS={address}" if address else
                  "the local Ray this run started (it declares no device resources: set RAY_ADDRESS "
                  "to a cluster whose nodes do)")
-        have = _resources_summary(self._ray.cluster_resources())
+        resources = self._ray.cluster_resources()
+        have = _resources_summary(resources)
         if self.cfg.device == "cpu":
             return OrchestratorError(
                 f"fleet pool {self.name!r} (device 'cpu') needs {self.ask:g} CPUs per worker on one node, "
                 f"and no node of {where} has that many; the cluster has {have}. Lower "
                 "orchestrator.cpus_per_worker, or give the nodes more CPUs (ray start --num-cpus N; "
                 "orchestrator.ray_num_cpus for a local Ray)")
-        if self.gpus and self._ray.cluster_resources().get(self.resource):
+        if self.gpus and resources.get(self.resource):
             return OrchestratorError(
                 f"fleet pool {self.name!r} (device {self.cfg.device!r}) asks for {self.gpus:g} GPU per worker, "
                 f"and the nodes of {where} that declare {self.resource!r} have no GPU Ray can see (the "

@@ -102,6 +102,8 @@ def pack_documents(docs: list[Document], tokenizer, seq_len: int) -> tuple[torch
     second half is trained without the task it solves: a program that starts from nowhere. With
     short documents (the funcs corpus: 77-227 tokens) best-fit rows of 288 tokens are ~97% full.
     """
+    if not docs:
+        raise CorpusError("the corpus has no documents; add documents to pretrain.corpus")
     stream, lengths, trained = _token_stream(docs, tokenizer)
     _warn_if_cut(lengths, seq_len)
     bounds = np.concatenate([[0], np.cumsum(lengths)])
@@ -116,8 +118,6 @@ def pack_documents(docs: list[Document], tokenizer, seq_len: int) -> tuple[torch
             ids[r, at : at + b - a] = stream[a:b]
             mask[r, at : at + b - a] = trained[a:b]
             at += b - a
-    if not rows:
-        raise CorpusError("the corpus has no documents; add documents to pretrain.corpus")
     return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
@@ -160,32 +160,26 @@ def _token_stream(docs: list[Document], tokenizer) -> tuple[np.ndarray, np.ndarr
         encoded = [d.encode("utf-8") for d in texts]
         lengths = np.fromiter((len(b) + 2 for b in encoded), dtype=np.int64, count=len(encoded))
         untrained = np.fromiter((len(p.encode("utf-8")) for p in prompts), dtype=np.int64, count=len(docs))
-        out = np.empty(int(lengths.sum()), dtype=np.int32)
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        out = np.empty(int(lengths.sum()), dtype=np.int32)
         out[starts] = bos
         out[starts + lengths - 1] = eos
         body = np.ones(len(out), dtype=bool)
         body[starts] = False
         body[starts + lengths - 1] = False
         out[body] = np.frombuffer(b"".join(encoded), dtype=np.uint8)
-        return out, lengths, _trained(starts, untrained, len(out))
-    ids: list[int] = []
-    lengths, untrained = [], []
-    for prompt, text in zip(prompts, texts):
-        head = tokenizer.encode(prompt) if prompt else []
-        encoded = head + tokenizer.encode(text[len(prompt):]) if prompt else tokenizer.encode(text)
-        ids.extend((bos, *encoded, eos))
-        lengths.append(len(encoded) + 2)
-        untrained.append(len(head))
-    lengths = np.asarray(lengths, dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    return (np.asarray(ids, dtype=np.int64), lengths,
-            _trained(starts, np.asarray(untrained, dtype=np.int64), len(ids)))
-
-
-def _trained(starts: np.ndarray, untrained: np.ndarray, total: int) -> np.ndarray:
-    """Every position trained except, for each doc with a prompt, bos and the prompt's tokens."""
-    trained = np.ones(total, dtype=bool)
+    else:
+        ids: list[int] = []
+        lengths, untrained = [], []
+        for prompt, text in zip(prompts, texts):
+            head = tokenizer.encode(prompt) if prompt else []
+            encoded = head + tokenizer.encode(text[len(prompt):]) if prompt else tokenizer.encode(text)
+            ids.extend((bos, *encoded, eos))
+            lengths.append(len(encoded) + 2)
+            untrained.append(len(head))
+        out, lengths, untrained = (np.asarray(x, dtype=np.int64) for x in (ids, lengths, untrained))
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    trained = np.ones(len(out), dtype=bool)  # but bos and the prompt of a doc that has one
     for start, n in zip(starts[untrained > 0], untrained[untrained > 0]):
         trained[start : start + 1 + n] = False
-    return trained
+    return out, lengths, trained

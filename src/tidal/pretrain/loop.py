@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from tidal.model import build_model, from_pretrained, load_tokenizer, save_pretrained
 from tidal.numerics import mkl_cnr
 from tidal.pretrain.config import PretrainConfig
-from tidal.pretrain.corpus import load_corpus, pack, pack_documents
+from tidal.pretrain.corpus import Document, load_corpus, pack, pack_documents
 from tidal.pretrain.view import MidTrainingView
 from tidal.telemetry.progress import progress_bar
 
@@ -52,7 +52,7 @@ BUDGET_COOLDOWN = 0.1
 anneals against the clock (so a run cut by its budget ends at the low learning rate)."""
 
 
-def pretrain(cfg, out_dir: str | Path, docs: list[str] | None = None, progress: bool = True,
+def pretrain(cfg, out_dir: str | Path, docs: list[Document] | None = None, progress: bool = True,
              rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> Path:
     """Mid-train the model of ``cfg`` (a run config or its MidTrainingView); returns the saved model folder,
     ``out_dir/model`` (a Hugging Face folder with the tokenizer, written atomically).
@@ -104,7 +104,7 @@ def _set_environ(values: dict[str, str | None]) -> None:
             os.environ[k] = v
 
 
-def _pretrain(cfg: MidTrainingView, out_dir: Path, docs: list[str] | None, progress: bool, rows,
+def _pretrain(cfg: MidTrainingView, out_dir: Path, docs: list[Document] | None, progress: bool, rows,
               thread_invariant: bool, group=None) -> Path:
     """The loop; with ``group`` (a tidal.parallel Group) this process is one rank of the
     sharded run (sharded.py): its slice of each batch, the clock and the loss agreed by all."""
@@ -161,7 +161,7 @@ def _pretrain(cfg: MidTrainingView, out_dir: Path, docs: list[str] | None, progr
     return _save(cfg, model, out_dir / MODEL_DIR, tokenizer, group)
 
 
-def _packed_rows(cfg: MidTrainingView, docs: list[str] | None, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+def _packed_rows(cfg: MidTrainingView, docs: list[Document] | None, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
     """The corpus (``docs``, or the configured one) packed into rows as pretrain.packing says."""
     docs = docs if docs is not None else corpus_documents(cfg)
     packing = pack_documents if cfg.pretrain.packing == "documents" else pack
@@ -294,7 +294,7 @@ def torch_threads(n: int):
         torch.set_num_threads(before)
 
 
-def corpus_documents(cfg) -> list[str]:
+def corpus_documents(cfg) -> list[Document]:
     """pretrain.corpus files if set, else the selected environment's own corpus (its
     build_corpus: training split only, built without a sandbox)."""
     view = MidTrainingView.of(cfg)
