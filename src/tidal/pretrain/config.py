@@ -49,9 +49,9 @@ class PretrainConfig(Section):
     """AdamW weight decay, applied to matrices (embeddings, projections) only, not norms."""
     dtype: DtypeName = "float32"
     """Compute dtype of the forward pass (CPU/GPU autocast); weights and optimizer state stay fp32.
-    float32 by default: at the default shapes on a CPU with native bf16, bf16 autocast was only
-    16% faster and its model much weaker (final loss 0.148 against 0.132; docs/results/
-    notes-midtraining.md). "auto" = bfloat16 where this CPU computes bf16 natively (avx512_bf16
+    float32 by default: at the default shapes on a CPU with native bf16, bf16 autocast was 1.38x
+    faster but its model much weaker (final loss 0.148 against 0.138, held-out pass@1 before RL
+    0.05 against 0.193; docs/results/notes-midtraining.md). "auto" = bfloat16 where this CPU computes bf16 natively (avx512_bf16
     or AMX), else float32 (emulated bf16 makes a matmul ~4x slower than fp32)."""
     grad_clip: float = Field(1.0, gt=0)
     """Clip the global gradient norm to this value."""
