@@ -187,3 +187,31 @@ def test_each_process_measures_its_own_peak_memory():
     del big
     if reset_peak_rss():  # Linux with /proc: the peak follows what is held now
         assert peak_rss_bytes() < parent - (300 << 20)
+
+
+@pytest.mark.slow
+def test_a_correction_switched_on_mid_run_reaches_every_rank():
+    """use_off_policy on the handle (what the run's guard does when deterministic numerics broke)
+    changes every rank's loss: 2 processes then give one corrected process's loss (the loss is
+    summed over the ranks). On these stale logprobs the corrected loss is ~0.07 and the
+    uncorrected ~1.85, so a rank left uncorrected moves it far. Parameters are not compared: on
+    an off-policy batch PPO's clip turns rounding into larger update differences."""
+    from tidal.trainer.config import OffPolicyConfig
+
+    ref_model = tiny_model()
+    batch = on_policy_batch(ref_model, seed=3)
+    for t in batch.trajectories:  # stale behaviour: logprobs 1.3x the model's
+        t.segments[0].logprobs = [x * 1.3 for x in t.segments[0].logprobs]
+    model = copy.deepcopy(ref_model)
+    ref = Trainer(ref_model, config())
+    ref.use_off_policy(OffPolicyConfig(kind="truncated_is"))
+    ref_stats = ref.step(batch)
+    handle = ShardedTrainerHandle(model, config(), shards(2), numerics="fast")
+    try:
+        handle.use_off_policy(OffPolicyConfig(kind="truncated_is"))
+        stats = handle.step(batch)
+    finally:
+        handle.close()
+    assert stats.off_policy is not None and handle.cfg.off_policy.kind == "truncated_is"
+    assert stats.loss == pytest.approx(ref_stats.loss, rel=REL)
+    assert stats.tokens == ref_stats.tokens

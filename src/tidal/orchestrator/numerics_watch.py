@@ -86,7 +86,7 @@ def correct_from_now(trainer) -> None:
     from tidal.trainer.config import OffPolicyConfig
 
     if trainer.cfg.off_policy.kind == "none":
-        trainer.cfg = trainer.cfg.model_copy(update={"off_policy": OffPolicyConfig(kind="truncated_is")})
+        trainer.use_off_policy(OffPolicyConfig(kind="truncated_is"))
 
 
 def mismatch_summary(state: RunState) -> dict:

@@ -245,6 +245,11 @@ class Trainer:
         collapse)."""
         return self.lr_scale * lr_at(self.cfg, version)
 
+    def use_off_policy(self, off_policy: OffPolicyConfig) -> None:
+        """Correct the loss as ``off_policy`` says from the next step on (the run's guard switches
+        a correction on when deterministic numerics broke: orchestrator.numerics_watch)."""
+        self.cfg = self.cfg.model_copy(update={"off_policy": off_policy})
+
     # ------------------------------------------------------------------ pieces
 
     def _loss_units(self, tb: TrainBatch) -> float:

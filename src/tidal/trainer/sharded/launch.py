@@ -91,6 +91,8 @@ def run(trainer: ShardedTrainer, command: tuple, mirror: CausalLM | None):
         return extra
     if kind == "memory":
         return gather_memory(trainer)
+    if kind == "off_policy":
+        return trainer.use_off_policy(args[0])
     raise ValueError(f"unknown sharded-trainer command {kind!r}")
 
 
@@ -204,6 +206,11 @@ class ShardedTrainerHandle:
     def gather(self, dest=None) -> None:
         """Full weights into ``dest`` (a module or ``(name, tensor)`` callback), default ``model``."""
         self._send("gather", dest=dest)
+
+    def use_off_policy(self, off_policy) -> None:
+        """Every rank corrects the loss as ``off_policy`` says from the next step on."""
+        self.cfg = self.cfg.model_copy(update={"off_policy": off_policy})
+        self._send("off_policy", off_policy)
 
     def memory(self) -> list[dict]:
         """Each rank's parameter + optimizer bytes (its shards) and peak RSS, rank 0 first."""
